@@ -1,0 +1,5 @@
+"""Allows ``python -m vitqs``."""
+
+from vitqs.cli import main
+
+raise SystemExit(main())
