@@ -5,9 +5,11 @@ occupations ``0..n_max`` for bosons. ``all_states()`` enumerates the sector in a
 and ``state_index`` inverts it, both vectorized over states (no Python loop per state), so
 that sectors of a few million states are built in seconds for exact diagonalization.
 
-Ordering: a state's integer code is ``Σ_i d_i · base^i`` with digit ``d_i`` the local state
-(spin up = 1, down = 0, or the occupation) and ``base`` the local dimension. The sector is
-enumerated in increasing code, and ``state_index`` is a lookup of the code by binary search.
+Ordering: a state's integer code is ``Σ_i d_i · 2^(bits·i)`` with digit ``d_i`` the local
+state (spin up = 1, down = 0, or the occupation) and ``bits`` enough bits for one digit (a
+power-of-two radix orders states exactly as radix ``n_max + 1`` would, and lets digits be read
+with shifts). The sector is enumerated in increasing code; ``state_index`` ranks a code with a
+few table look-ups (see ``_FixedSector.code_index``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import numpy as np
 import torch
 
 
-def _digits_to_code(digits: np.ndarray, base: int) -> np.ndarray:
-    """Returns ``Σ_i digits[..., i] · base^i`` as int64; digits ``(..., n_sites)``."""
-    weights = base ** np.arange(digits.shape[-1], dtype=np.int64)
+def _digits_to_code(digits: np.ndarray, bits: int) -> np.ndarray:
+    """Returns ``Σ_i digits[..., i] · 2^(bits·i)`` as int64; digits ``(..., n_sites)``."""
+    weights = np.left_shift(1, bits * np.arange(digits.shape[-1], dtype=np.int64))
     return digits.astype(np.int64) @ weights
 
 
@@ -30,7 +32,12 @@ class _FixedSector(ABC):
     """Shared machinery: codes, enumeration, ranking. Subclasses define the digits."""
 
     n_sites: int
-    base: int
+    base: int  # local dimension
+
+    @property
+    def bits(self) -> int:
+        """Returns the bits one site's digit takes in a state code."""
+        return max(1, int(self.base - 1).bit_length())
 
     @property
     @abstractmethod
@@ -50,7 +57,7 @@ class _FixedSector(ABC):
         """Returns configurations from digits."""
 
     def _check_code_range(self):
-        if self.n_sites * np.log2(self.base) >= 62:
+        if self.n_sites * self.bits > 62:
             raise ValueError(
                 f"a sector of {self.n_sites} sites with local dimension {self.base} is too large "
                 "to enumerate (state codes overflow 64 bits)"
@@ -60,7 +67,7 @@ class _FixedSector(ABC):
     def codes(self) -> np.ndarray:
         """Returns the sorted int64 codes of every state in the sector ``(dimension,)``."""
         self._check_code_range()
-        return _digits_to_code(self._enumerate_digits(), self.base)
+        return _digits_to_code(self._enumerate_digits(), self.bits)
 
     def all_states(self) -> np.ndarray:
         """Returns every state of the sector ``(dimension, n_sites)`` int8, in index order."""
@@ -68,11 +75,11 @@ class _FixedSector(ABC):
 
     def codes_to_digits(self, codes: np.ndarray) -> np.ndarray:
         """Returns digits ``(len(codes), n_sites)`` int8 of integer codes."""
+        codes = np.asarray(codes, dtype=np.int64)
         digits = np.empty((len(codes), self.n_sites), dtype=np.int8)
-        rest = np.asarray(codes, dtype=np.int64).copy()
+        mask = (1 << self.bits) - 1
         for i in range(self.n_sites):
-            digits[:, i] = rest % self.base
-            rest //= self.base
+            digits[:, i] = (codes >> (self.bits * i)) & mask
         return digits
 
     def state_index(self, states) -> np.ndarray:
@@ -81,16 +88,69 @@ class _FixedSector(ABC):
         Raises ValueError for states outside the sector.
         """
         states = states.cpu().numpy() if isinstance(states, torch.Tensor) else np.asarray(states)
-        codes = _digits_to_code(self.to_digits(states), self.base)
-        return self.code_index(codes)
+        digits = self.to_digits(states)
+        if digits.min(initial=0) < 0 or digits.max(initial=0) >= self.base:
+            raise ValueError("state_index: some states have local values outside the Hilbert space")
+        return self.code_index(_digits_to_code(digits, self.bits))
+
+    # The sector is "n_digit_sum particles on n_sites sites, at most base-1 per site" (spins
+    # are hard-core bosons: up = 1). The rank of a state in increasing-code order is
+    #   rank = Σ_i Σ_{v < d_i} W(i, P − Σ_{k>i} d_k − v),
+    # W(i, m) = placements of m particles on sites 0..i−1. Cut the sites into chunks: a
+    # chunk's share depends only on its own digits and on the particles above it, so
+    # rank = Σ_chunks table[chunk code, particles above] — a few gathers per state.
+    _CHUNK_STATES = 1 << 16
+
+    @property
+    def _n_digit_sum(self) -> int:
+        return self.n_particles
+
+    @cached_property
+    def _rank_chunks(self):
+        n, base, total = self.n_sites, self.base, self._n_digit_sum
+        ways = np.zeros((n + 1, total + 1), dtype=np.int64)  # ways[i, m] = W(i, m)
+        ways[0, 0] = 1
+        for i in range(1, n + 1):
+            for v in range(base):
+                ways[i, v:] += ways[i - 1, : total + 1 - v]
+        size = max(1, self._CHUNK_STATES.bit_length() // self.bits)
+        chunks = []
+        for lo in range(0, n, size):
+            width = min(size, n - lo)
+            digits = self.codes_to_digits(np.arange(1 << (self.bits * width)))[:, :width]
+            digit_sum = digits.sum(axis=1, dtype=np.int64)
+            # a digit above n_max marks the chunk code invalid: push the count out of range
+            digit_sum[(digits >= base).any(axis=1)] = total + 1
+            chunks.append((lo, width, self._chunk_table(ways, lo, digits), digit_sum))
+        return chunks[::-1]  # most significant chunk first
+
+    def _chunk_table(self, ways, lo, digits) -> np.ndarray:
+        """Returns table[chunk code, particles above the chunk] of the chunk's rank share."""
+        total = self._n_digit_sum
+        above = np.arange(total + 1)[None, :]  # (1, total+1)
+        table = np.zeros((len(digits), total + 1), dtype=np.int64)
+        used = np.zeros((len(digits), 1), dtype=np.int64)  # particles on chunk sites above i
+        for k in range(digits.shape[1] - 1, -1, -1):
+            d = digits[:, k : k + 1].astype(np.int64)
+            for v in range(self.base - 1):
+                m = total - above - used - v
+                share = ways[lo + k, np.clip(m, 0, total)] * (m >= 0)
+                table += share * (v < d)
+            used += d
+        return table
 
     def code_index(self, codes: np.ndarray) -> np.ndarray:
         """Returns the index of each code ``(B,)``; raises ValueError for codes outside the sector."""
-        index = np.searchsorted(self.codes, codes)
-        index = np.minimum(index, len(self.codes) - 1)
-        if not np.array_equal(self.codes[index], codes):
+        codes = np.asarray(codes, dtype=np.int64)
+        rank = np.zeros(codes.shape, dtype=np.int64)
+        used = np.zeros(codes.shape, dtype=np.int64)
+        for lo, width, table, digit_sum in self._rank_chunks:
+            chunk = (codes >> (self.bits * lo)) & ((1 << (self.bits * width)) - 1)
+            rank += table[chunk, np.minimum(used, self._n_digit_sum)]
+            used += digit_sum[chunk]
+        if np.any(used != self._n_digit_sum) or np.any(codes >> (self.bits * self.n_sites)):
             raise ValueError("state_index: some states are not in this sector")
-        return index.astype(np.int64)
+        return rank
 
 
 class SpinHalf(_FixedSector):
@@ -121,6 +181,10 @@ class SpinHalf(_FixedSector):
     @property
     def local_states(self) -> tuple[int, ...]:
         return (-1, 1)
+
+    @property
+    def _n_digit_sum(self) -> int:
+        return self.n_up
 
     @property
     def dimension(self) -> int:
@@ -195,7 +259,9 @@ class Bosons(_FixedSector):
         # ways[m]: placements of m particles on the sites seen so far (exact Python ints)
         ways = [1] + [0] * self.n_particles
         for _ in range(self.n_sites):
-            ways = [sum(ways[m - v] for v in range(min(m, self.n_max) + 1)) for m in range(len(ways))]
+            ways = [
+                sum(ways[m - v] for v in range(min(m, self.n_max) + 1)) for m in range(len(ways))
+            ]
         return ways[self.n_particles]
 
     def to_digits(self, states):

@@ -38,7 +38,9 @@ class Lattice:
     def __post_init__(self):
         shape = tuple(int(s) for s in self.shape)
         if len(shape) not in (1, 2):
-            raise ValueError(f"lattice.shape={list(shape)} must have 1 (chain) or 2 (square) entries")
+            raise ValueError(
+                f"lattice.shape={list(shape)} must have 1 (chain) or 2 (square) entries"
+            )
         if any(s < 1 for s in shape):
             raise ValueError(f"lattice.shape={list(shape)} must hold positive extents")
         object.__setattr__(self, "shape", shape)
@@ -87,7 +89,9 @@ class Lattice:
             raise ValueError(f"neighbour order {order} is not supported; use 1 or 2")
         if order not in self._bond_cache:
             seen = {tuple(b) for lower in range(1, order) for b in self.bonds(lower)}
-            self._bond_cache[order] = self._bonds_from_vectors(_BOND_VECTORS[self.ndim][order], seen)
+            self._bond_cache[order] = self._bonds_from_vectors(
+                _BOND_VECTORS[self.ndim][order], seen
+            )
         return self._bond_cache[order]
 
     def _bonds_from_vectors(self, vectors, seen: set) -> np.ndarray:

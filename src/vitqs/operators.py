@@ -89,23 +89,18 @@ class Hamiltonian(ABC):
     def _sparse_rows(self, codes: np.ndarray) -> sp.csr_matrix:
         # One block of rows in ELL form (rows × K), then compressed to CSR without a sort.
         hilbert = self.hilbert
-        states = hilbert.from_digits(hilbert.codes_to_digits(codes))
-        x = torch.from_numpy(states.astype(np.float64))
+        digits = hilbert.codes_to_digits(codes)
+        x = torch.from_numpy(hilbert.from_digits(digits).astype(np.float64))
         new_src, new_dst, mels_off = (t.numpy() for t in self.off_diagonal(x))
-        digits_src = hilbert.to_digits(states[:, self._src])
-        digits_dst = hilbert.to_digits(states[:, self._dst])
-        weight_src = hilbert.base ** self._src.astype(np.int64)
-        weight_dst = hilbert.base ** self._dst.astype(np.int64)
-        new_codes = (
-            codes[:, None]
-            + (hilbert.to_digits(new_src).astype(np.int64) - digits_src) * weight_src
-            + (hilbert.to_digits(new_dst).astype(np.int64) - digits_dst) * weight_dst
-        )
+        # a term changes the digits of two sites: shift the code by the two differences
+        shift_src, shift_dst = hilbert.bits * self._src, hilbert.bits * self._dst
+        delta_src = hilbert.to_digits(new_src).astype(np.int64) - digits[:, self._src]
+        delta_dst = hilbert.to_digits(new_dst).astype(np.int64) - digits[:, self._dst]
         acts = mels_off != 0
-        cols = np.zeros_like(new_codes)
+        new_codes = codes[:, None] + (delta_src << shift_src) + (delta_dst << shift_dst)
+        cols = np.zeros(new_codes.shape, dtype=np.int64)
         cols[acts] = hilbert.code_index(new_codes[acts])
-        own = np.searchsorted(hilbert.codes, codes)
-        cols = np.concatenate([own[:, None], cols], axis=1)
+        cols = np.concatenate([hilbert.code_index(codes)[:, None], cols], axis=1)
         vals = np.concatenate([self.diagonal(x).numpy()[:, None], mels_off], axis=1)
         keep = vals != 0
         indptr = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
@@ -146,9 +141,13 @@ class Heisenberg(Hamiltonian):
         bonds2 = lattice.bonds(2) if self.J2 != 0.0 else np.zeros((0, 2), dtype=np.int64)
         self._src = np.concatenate([bonds1[:, 0], bonds2[:, 0]])
         self._dst = np.concatenate([bonds1[:, 1], bonds2[:, 1]])
-        self._coupling = np.concatenate([np.full(len(bonds1), self.J1), np.full(len(bonds2), self.J2)])
+        self._coupling = np.concatenate(
+            [np.full(len(bonds1), self.J1), np.full(len(bonds2), self.J2)]
+        )
         exchange1 = -self.J1 if self.sign_rule else self.J1
-        self._exchange = np.concatenate([np.full(len(bonds1), exchange1), np.full(len(bonds2), self.J2)]) / 2
+        self._exchange = (
+            np.concatenate([np.full(len(bonds1), exchange1), np.full(len(bonds2), self.J2)]) / 2
+        )
 
     def diagonal(self, x):
         src, dst = self._index("_src", x.device), self._index("_dst", x.device)

@@ -1,0 +1,419 @@
+"""The run configuration: YAML in, validated dataclasses out.
+
+YAML keys map one to one onto dataclass fields; defaults live only here; unknown keys are
+errors with a "did you mean". Every check raises ``ConfigError`` with a one-line message that
+names the dotted key, the value given and what is allowed; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+# ---- value checkers: each takes (key, value) and returns the value, converted -------------
+
+
+def _describe(value) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(minimum=None, maximum=None):
+    def check(key, value):
+        if not _is_int(value):
+            raise ConfigError(f"{key}={_describe(value)} must be an integer")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise ConfigError(f"{key}={value} must be {_range_text(minimum, maximum)}")
+        return value
+
+    return check
+
+
+def real(minimum=None, maximum=None, positive=False):
+    def check(key, value):
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}={_describe(value)} must be a number") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}={_describe(value)} must be a number")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{key}={value} must be a finite number")
+        if positive and value <= 0:
+            raise ConfigError(f"{key}={value} must be > 0")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise ConfigError(f"{key}={value} must be {_range_text(minimum, maximum)}")
+        return value
+
+    return check
+
+
+def boolean():
+    def check(key, value):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={_describe(value)} must be true or false")
+        return value
+
+    return check
+
+
+def choice(*options):
+    def check(key, value):
+        # compare types too: YAML's true must not pass for 1, nor 1 for true
+        if not any(value == o and type(value) is type(o) for o in options):
+            allowed = " | ".join(str(o).lower() if isinstance(o, bool) else str(o) for o in options)
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {allowed}")
+        return value
+
+    return check
+
+
+def text():
+    def check(key, value):
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{key}={_describe(value)} must be a non-empty string")
+        return value
+
+    return check
+
+
+def int_list(length=(1, 2), minimum=1):
+    def check(key, value):
+        if _is_int(value):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not (length[0] <= len(value) <= length[1]):
+            counts = " or ".join(str(n) for n in range(length[0], length[1] + 1))
+            raise ConfigError(f"{key}={value!r} must be a list of {counts} integers")
+        for i, item in enumerate(value):
+            integer(minimum)(f"{key}[{i}]", item)
+        return list(value)
+
+    return check
+
+
+def optional(checker):
+    def check(key, value):
+        return None if value is None else checker(key, value)
+
+    return check
+
+
+def either(*checkers, expected: str):
+    def check(key, value):
+        for checker in checkers:
+            try:
+                return checker(key, value)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}={_describe(value)} must be {expected}")
+
+    return check
+
+
+def _range_text(minimum, maximum) -> str:
+    if minimum is not None and maximum is not None:
+        return f"between {minimum} and {maximum}"
+    return f">= {minimum}" if minimum is not None else f"<= {maximum}"
+
+
+_REQUIRED = object()
+
+
+def option(default=_REQUIRED, check=None):
+    """A config field: its default (or required) and its checker."""
+    if default is _REQUIRED:
+        return field(default=None, metadata={"check": check, "required": True})
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"check": check})
+    return field(default=default, metadata={"check": check})
+
+
+# ---- the sections -------------------------------------------------------------------------
+
+
+@dataclass
+class LatticeConfig:
+    shape: list = option(check=int_list((1, 2), minimum=1))
+    pbc: bool = option(True, boolean())
+
+
+@dataclass
+class HeisenbergConfig:
+    kind: str = option("heisenberg", choice("heisenberg"))
+    J1: float = option(1.0, real())
+    J2: float = option(0.0, real())
+    sign_rule: bool = option(False, boolean())
+    total_sz: float = option(0.0, real())
+
+
+@dataclass
+class BoseHubbardConfig:
+    kind: str = option("bose_hubbard", choice("bose_hubbard"))
+    J: float = option(1.0, real())
+    U: float = option(4.0, real())
+    mu: float = option(0.0, real())
+    n_particles: int = option(check=integer(0))
+    n_max: int | None = option(None, optional(integer(1)))
+
+
+@dataclass
+class ModelConfig:
+    kind: str = option("vit", choice("vit", "simple_vit", "jastrow"))
+    patch_size: Any = option(
+        2,
+        either(
+            integer(1), int_list((1, 2), minimum=1), expected="an integer >= 1 or a list of them"
+        ),
+    )
+    d_model: int = option(16, integer(1))
+    heads: int = option(4, integer(1))
+    layers: int = option(2, integer(1))
+    attention: str = option("factored", choice("factored", "full"))
+    translation_invariant: bool = option(True, boolean())
+    embedding: str = option("linear", choice("linear", "onehot"))
+    jastrow: bool = option(False, boolean())
+    symmetrize: str = option("none", choice("none", "translations"))
+    spin_flip: int = option(0, choice(0, 1, -1))
+
+
+@dataclass
+class SamplerConfig:
+    kind: str = option("metropolis", choice("metropolis", "full_sum"))
+    n_samples: int = option(1024, integer(1))
+    n_chains: int = option(256, integer(1))
+    sweep_size: int | None = option(None, optional(integer(1)))
+    n_discard: int = option(16, integer(0))
+    rule: str = option("auto", choice("auto", "exchange", "exchange_global", "hop"))
+    chunk_size: int | None = option(None, optional(integer(1)))
+
+
+@dataclass
+class OptimizerConfig:
+    method: str = option("auto", choice("auto", "sr", "minsr", "adam"))
+    lr: float = option(0.01, real(positive=True))
+    diag_shift: float = option(1.0e-3, real(minimum=0.0))
+    n_iter: int = option(300, integer(0))
+
+
+@dataclass
+class ExactConfig:
+    enabled: Any = option("auto", choice("auto", True, False))
+    max_dim: int = option(5_000_000, integer(1))
+
+
+@dataclass
+class FinalConfig:
+    n_samples: int = option(8192, integer(1))
+
+
+@dataclass
+class OutputConfig:
+    dir: str = option("results", text())
+    checkpoint_every: int = option(25, integer(1))
+
+
+_HAMILTONIANS = {"heisenberg": HeisenbergConfig, "bose_hubbard": BoseHubbardConfig}
+
+
+@dataclass
+class Config:
+    name: str | None = option(None, optional(text()))
+    seed: int = option(0, integer(0))
+    device: str = option("auto", text())
+    dtype: str = option("float64", choice("float64", "float32"))
+    lattice: LatticeConfig = field(default_factory=LatticeConfig)
+    hamiltonian: HeisenbergConfig | BoseHubbardConfig | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    exact: ExactConfig = field(default_factory=ExactConfig)
+    final: FinalConfig = field(default_factory=FinalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @property
+    def n_sites(self) -> int:
+        n = 1
+        for extent in self.lattice.shape:
+            n *= extent
+        return n
+
+    def to_dict(self) -> dict:
+        """Returns the resolved config as plain data (what the results file embeds)."""
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {
+    "lattice": LatticeConfig,
+    "model": ModelConfig,
+    "sampler": SamplerConfig,
+    "optimizer": OptimizerConfig,
+    "exact": ExactConfig,
+    "final": FinalConfig,
+    "output": OutputConfig,
+}
+
+
+# ---- building and validating --------------------------------------------------------------
+
+
+def _unknown_key_error(key: str, known: list[str], prefix: str) -> ConfigError:
+    full = f"{prefix}{key}"
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; allowed: {', '.join(known)}"
+    return ConfigError(f"unknown key '{full}'{hint}")
+
+
+def _build(cls, data, prefix: str):
+    """Returns ``cls(**data)`` with every field checked; ``prefix`` is the dotted path."""
+    section = prefix.rstrip(".") or "config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{section} must be a mapping of keys to values, got {_describe(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            raise _unknown_key_error(key, list(fields), prefix)
+    values = {}
+    for name, f in fields.items():
+        key = f"{prefix}{name}"
+        if name not in data:
+            if f.metadata.get("required"):
+                raise ConfigError(f"{key} is required")
+            continue
+        check = f.metadata.get("check")
+        values[name] = check(key, data[name]) if check else data[name]
+    return cls(**values)
+
+
+def _build_hamiltonian(data):
+    if not isinstance(data, dict):
+        raise ConfigError(f"hamiltonian must be a mapping of keys to values, got {_describe(data)}")
+    if "kind" not in data:
+        raise ConfigError("hamiltonian.kind is required: heisenberg | bose_hubbard")
+    kind = data["kind"]
+    if kind not in _HAMILTONIANS:
+        close = difflib.get_close_matches(str(kind), list(_HAMILTONIANS), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(
+            f"hamiltonian.kind={kind!r} is not allowed; choose one of: heisenberg | bose_hubbard{hint}"
+        )
+    return _build(_HAMILTONIANS[kind], data, "hamiltonian.")
+
+
+def from_dict(data, *, default_name: str | None = None) -> Config:
+    """Returns a validated ``Config`` from plain data (a parsed YAML document)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"the config must be a mapping of sections, got {_describe(data)}")
+    top = {f.name for f in dataclasses.fields(Config)}
+    for key in data:
+        if key not in top:
+            raise _unknown_key_error(key, sorted(top), "")
+    for section in ("lattice", "hamiltonian"):
+        if section not in data:
+            raise ConfigError(f"the '{section}' section is required")
+    sections = {name: _build(cls, data.get(name), f"{name}.") for name, cls in _SECTIONS.items()}
+    sections["hamiltonian"] = _build_hamiltonian(data["hamiltonian"])
+    scalars = {}
+    for f in dataclasses.fields(Config):
+        check = f.metadata.get("check")
+        if check and f.name in data:
+            scalars[f.name] = check(f.name, data[f.name])
+    config = Config(**scalars, **sections)
+    if config.name is None and default_name:
+        config.name = default_name
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: Config) -> None:
+    """Checks that need more than one field (the lattice and the Hamiltonian together...)."""
+    n_sites, ham = config.n_sites, config.hamiltonian
+    if isinstance(ham, HeisenbergConfig):
+        n_up = n_sites / 2 + ham.total_sz
+        if n_up != int(n_up) or not 0 <= n_up <= n_sites:
+            allowed = "an integer" if n_sites % 2 == 0 else "a half-integer"
+            raise ConfigError(
+                f"hamiltonian.total_sz={ham.total_sz} is impossible on {n_sites} sites: "
+                f"it must be {allowed} between {-n_sites / 2} and {n_sites / 2}"
+            )
+    else:
+        n_max = ham.n_max if ham.n_max is not None else max(ham.n_particles, 1)
+        if ham.n_particles > n_sites * n_max:
+            raise ConfigError(
+                f"hamiltonian.n_particles={ham.n_particles} does not fit on {n_sites} sites "
+                f"with n_max={n_max}: at most {n_sites * n_max}"
+            )
+    device = config.device
+    if not (
+        device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())
+    ):
+        raise ConfigError(
+            f"device={device!r} is not allowed; choose one of: auto | cpu | cuda | cuda:N"
+        )
+
+
+# ---- files and overrides ------------------------------------------------------------------
+
+
+def read_yaml(path: str | Path):
+    """Returns the parsed YAML document at ``path``; ConfigError when missing or malformed."""
+    path = Path(path)
+    try:
+        source = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file '{path}' cannot be read: {err}") from None
+    try:
+        return yaml.safe_load(source)
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file '{path}' is not valid YAML{at}: {problem}") from None
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Returns a copy of ``data`` with ``key.path=value`` overrides set (values parsed as YAML)."""
+    data = copy.deepcopy(data) if isinstance(data, dict) else data
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r} must look like key.path=value")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"the config must be a mapping of sections, got {_describe(data)}")
+        node, parts = data, key.strip().split(".")
+        for depth, part in enumerate(parts[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                path = ".".join(parts[: depth + 1])
+                raise ConfigError(f"--set {key}: '{path}' is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Returns the validated config of a YAML file, with ``--set`` overrides applied."""
+    data = apply_overrides(read_yaml(path), overrides or [])
+    return from_dict(data, default_name=Path(path).stem)

@@ -1,0 +1,127 @@
+"""Multi-head attention over patches: factored (position-only weights) and full (softmax QKᵀ).
+
+Both take patch vectors ``(batch, patch, d_model)`` and return the same shape; each head works
+on its own ``d_head = d_model / heads`` slice, and an output projection mixes the heads.
+With ``translation_invariant`` the position dependence is through the displacement
+``r_i − r_j`` on the periodic patch lattice only, which makes the layer equivariant under
+translations of the patch lattice.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import einsum, rearrange
+from torch import nn
+
+from vitqs.models.patching import PatchGrid
+
+
+class _RelativeTable(nn.Module):
+    """A per-head table over patch displacements, read out as circulant ``(heads, n, n)``."""
+
+    def __init__(self, grid: PatchGrid, table: torch.Tensor):
+        super().__init__()
+        self.table = nn.Parameter(table)  # (heads, n_patches): one entry per displacement
+        self.register_buffer("index", torch.as_tensor(grid.relative_index()), persistent=False)
+
+    def forward(self) -> torch.Tensor:
+        return self.table[:, self.index]  # (heads, i, j) = table[heads, r_i − r_j]
+
+
+class FactoredAttention(nn.Module):
+    """Returns ``out_i = W_O Σ_j α^h_ij V^h x_j``: attention weights that depend on positions only.
+
+    The weights ``α^h_ij`` are free parameters, not functions of the input (Viteritti, Rende &
+    Becca, PRL 130, 236401 (2023); Rende et al., Commun. Phys. 7, 260 (2024)). With
+    ``translation_invariant`` they are ``α^h(r_i − r_j)``, periodic on the patch lattice:
+    ``heads · n_patches`` parameters instead of ``heads · n_patches²``.
+
+    Initialisation: ``α ~ N(0, 1/n_patches)`` so that ``Σ_j α_ij v_j`` keeps the scale of ``v``.
+
+    Args:
+        grid: the patch lattice.
+        d_model: width of the patch vectors.
+        heads: number of heads; divides ``d_model``.
+        translation_invariant: tie the weights to the relative patch position.
+    """
+
+    def __init__(self, grid: PatchGrid, d_model: int, heads: int, translation_invariant: bool):
+        super().__init__()
+        self.heads = heads
+        n_patches = grid.n_patches
+        self.to_value = nn.Linear(d_model, d_model, bias=False)
+        self.to_out = nn.Linear(d_model, d_model)
+        scale = 1.0 / math.sqrt(n_patches)
+        if translation_invariant:
+            self.relative = _RelativeTable(grid, scale * torch.randn(heads, n_patches))
+            self.alpha = None
+        else:
+            self.relative = None
+            self.alpha = nn.Parameter(scale * torch.randn(heads, n_patches, n_patches))
+
+    def attention_weights(self) -> torch.Tensor:
+        """Returns ``α`` ``(heads, n_patches, n_patches)``; row ``i`` weighs the patches ``j``."""
+        return self.alpha if self.relative is None else self.relative()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value = rearrange(
+            self.to_value(x), "batch j (heads dh) -> batch heads j dh", heads=self.heads
+        )
+        out = einsum(
+            self.attention_weights(), value, "heads i j, batch heads j dh -> batch heads i dh"
+        )
+        return self.to_out(rearrange(out, "batch heads i dh -> batch i (heads dh)"))
+
+
+class FullAttention(nn.Module):
+    """Returns standard multi-head self-attention ``W_O softmax(Q Kᵀ/√d_head + B) V``.
+
+    ``Q, K, V`` are linear maps of the patch vectors without bias (Vaswani et al., NeurIPS 2017).
+    With ``translation_invariant`` a learned per-head bias ``B^h_ij = b^h(r_i − r_j)``, periodic
+    on the patch lattice, is added to the logits (initialised at zero); otherwise ``B = 0`` and
+    the caller is expected to add absolute position embeddings.
+
+    Args:
+        grid: the patch lattice.
+        d_model: width of the patch vectors.
+        heads: number of heads; divides ``d_model``.
+        translation_invariant: add the relative-position bias.
+    """
+
+    def __init__(self, grid: PatchGrid, d_model: int, heads: int, translation_invariant: bool):
+        super().__init__()
+        self.heads = heads
+        self.d_head = d_model // heads
+        self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.to_out = nn.Linear(d_model, d_model)
+        zeros = torch.zeros(heads, grid.n_patches)
+        self.relative_bias = _RelativeTable(grid, zeros) if translation_invariant else None
+
+    def weights_and_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns softmax weights ``(batch, heads, i, j)`` and values ``(batch, heads, j, dh)``."""
+        q, k, v = rearrange(
+            self.to_qkv(x),
+            "batch i (qkv heads dh) -> qkv batch heads i dh",
+            qkv=3,
+            heads=self.heads,
+        )
+        logits = einsum(q, k, "batch heads i dh, batch heads j dh -> batch heads i j")
+        logits = logits / math.sqrt(self.d_head)
+        if self.relative_bias is not None:
+            logits = logits + self.relative_bias()
+        return logits.softmax(dim=-1), v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, value = self.weights_and_values(x)
+        out = einsum(weights, value, "batch heads i j, batch heads j dh -> batch heads i dh")
+        return self.to_out(rearrange(out, "batch heads i dh -> batch i (heads dh)"))
+
+
+def make_attention(
+    kind: str, grid: PatchGrid, d_model: int, heads: int, translation_invariant: bool
+):
+    """Returns the attention layer named ``kind`` ("factored" or "full")."""
+    layer = {"factored": FactoredAttention, "full": FullAttention}[kind]
+    return layer(grid, d_model, heads, translation_invariant)

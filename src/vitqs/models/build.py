@@ -1,0 +1,84 @@
+"""Build the wave-function module that a model config asks for."""
+
+from __future__ import annotations
+
+import numpy as np
+from torch import nn
+
+from vitqs.models._checks import check_choice
+from vitqs.models.jastrow import Jastrow
+from vitqs.models.simple_vit import SimpleViT
+from vitqs.models.symmetrize import Symmetrized
+from vitqs.models.vit import ATTENTIONS, EMBEDDINGS, ViT
+
+KINDS = ("vit", "simple_vit", "jastrow")
+SYMMETRIZE = ("none", "translations")
+
+
+def build_model(cfg, lattice, hilbert) -> nn.Module:
+    """Returns the float64 model described by ``cfg`` on ``lattice`` and ``hilbert``.
+
+    Args:
+        cfg: any object with the attributes ``kind, patch_size, d_model, heads, layers,
+            attention, translation_invariant, embedding, jastrow, symmetrize, spin_flip``.
+        lattice: provides ``shape``, ``pbc``, ``n_sites`` and ``translations``.
+        hilbert: provides ``local_states``; spin inversion also needs ``total_sz == 0``.
+
+    Raises:
+        ValueError: an option value that is unknown or does not fit the lattice / Hilbert space,
+            naming the ``model.<key>``.
+    """
+    _check_options(cfg, hilbert)
+    model = _build_bare(cfg, lattice, hilbert)
+    if cfg.symmetrize == "translations" or cfg.spin_flip:
+        translations = (
+            lattice.translations
+            if cfg.symmetrize == "translations"
+            else np.arange(lattice.n_sites)[None, :]
+        )
+        model = Symmetrized(model, translations, spin_flip=cfg.spin_flip)
+    return model.double()
+
+
+def _check_options(cfg, hilbert) -> None:
+    """Raises ValueError for option values that are unknown or inconsistent."""
+    check_choice("kind", cfg.kind, KINDS)
+    check_choice("attention", cfg.attention, ATTENTIONS)
+    check_choice("embedding", cfg.embedding, EMBEDDINGS)
+    check_choice("symmetrize", cfg.symmetrize, SYMMETRIZE)
+    check_choice("spin_flip", cfg.spin_flip, (0, 1, -1))
+    if cfg.jastrow and cfg.kind != "vit":
+        raise ValueError(
+            f"model.jastrow=True adds a Jastrow factor to model.kind='vit' only, "
+            f"got model.kind={cfg.kind!r}; use model.kind='jastrow' for a Jastrow alone"
+        )
+    if cfg.spin_flip and (
+        tuple(hilbert.local_states) != (-1, 1) or getattr(hilbert, "total_sz", None) != 0
+    ):
+        raise ValueError(
+            f"model.spin_flip={cfg.spin_flip} needs spin-1/2 states at total_sz=0, "
+            f"got local_states={tuple(hilbert.local_states)}, "
+            f"total_sz={getattr(hilbert, 'total_sz', None)}; set model.spin_flip=0"
+        )
+
+
+def _build_bare(cfg, lattice, hilbert) -> nn.Module:
+    """Returns the unsymmetrized model of ``cfg.kind``."""
+    patch_size = cfg.patch_size if np.ndim(cfg.patch_size) == 0 else tuple(cfg.patch_size)
+    if cfg.kind == "jastrow":
+        return Jastrow(lattice.shape, lattice.pbc)
+    if cfg.kind == "simple_vit":
+        return SimpleViT(lattice.shape, patch_size, cfg.d_model, cfg.heads)
+    return ViT(
+        lattice.shape,
+        patch_size,
+        cfg.d_model,
+        cfg.heads,
+        cfg.layers,
+        attention=cfg.attention,
+        translation_invariant=cfg.translation_invariant,
+        embedding=cfg.embedding,
+        local_states=tuple(hilbert.local_states),
+        jastrow=cfg.jastrow,
+        pbc=lattice.pbc,
+    )

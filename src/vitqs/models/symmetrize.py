@@ -1,0 +1,74 @@
+"""Projection of a wave function onto the trivial representation of lattice translations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from einops import einsum, rearrange
+from torch import nn
+
+from vitqs.models._checks import check_choice
+
+
+def complex_logsumexp(log_terms: torch.Tensor, dim: int) -> torch.Tensor:
+    """Returns ``log Σ exp(log_terms)`` along ``dim`` for complex ``log_terms``, stably.
+
+    The largest real part is subtracted before exponentiating (and added back), so terms of
+    ``|Re| ~ 1e3`` neither overflow nor all underflow. The shift is detached: the result does
+    not depend on it mathematically. Exactly cancelling terms give ``−inf`` real part.
+    """
+    shift = log_terms.real.amax(dim=dim, keepdim=True).detach()
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    total = (log_terms - shift).exp().sum(dim=dim)
+    return total.log() + shift.squeeze(dim)
+
+
+class Symmetrized(nn.Module):
+    """Returns ``log ψ_sym(x) = log [(1/n_c) Σ_T Σ_{σ} s^σ ψ(σ T x)]``, complex ``(B,)``.
+
+    ``T`` runs over the ``n_T`` given translations. Without spin flip ``σ = +1`` only
+    (``n_c = n_T``); with ``spin_flip = s ∈ {+1, −1}`` also ``σ = −1`` (global spin inversion
+    ``x → −x``, weight ``s``) and ``n_c = 2 n_T``. Then ``ψ_sym(T x) = ψ_sym(x)`` for every ``T``
+    of the group and ``ψ_sym(−x) = s ψ_sym(x)``. A weight ``−1`` enters the complex logsumexp as
+    ``+iπ``. All ``n_c`` copies go through the model in one batched call.
+
+    Args:
+        model: maps ``(B, n_sites)`` to complex ``log ψ`` ``(B,)``.
+        translations: ``(n_T, n_sites)`` integer permutations, ``(T_t x)[i] = x[perm_t[i]]``;
+            they must form a group (all translations of the lattice).
+        spin_flip: 0 (off), +1 or −1 (eigenvalue of spin inversion to project on).
+    """
+
+    def __init__(self, model: nn.Module, translations, spin_flip: int = 0):
+        super().__init__()
+        check_choice("spin_flip", spin_flip, (0, 1, -1))
+        translations = torch.as_tensor(np.asarray(translations), dtype=torch.long)
+        if translations.ndim != 2:
+            raise ValueError(
+                f"translations must be (n_T, n_sites), got {tuple(translations.shape)}"
+            )
+        self.model = model
+        self.spin_flip = int(spin_flip)
+        self.register_buffer("translations", translations, persistent=False)
+        # Each spin-inversion sector σ: the factor on x and the phase of its weight s^σ.
+        signs = (1.0, -1.0) if spin_flip else (1.0,)
+        phases = (0.0, 0.0 if spin_flip > 0 else math.pi) if spin_flip else (0.0,)
+        self.register_buffer(
+            "flip_sign", torch.tensor(signs, dtype=torch.float64), persistent=False
+        )
+        self.register_buffer(
+            "flip_phase", torch.tensor(phases, dtype=torch.float64), persistent=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_t = x[:, self.translations]  # (batch, t, site)
+        copies = einsum(self.flip_sign.to(x.dtype), x_t, "f, batch t site -> batch f t site")
+        log_psi = self.model(rearrange(copies, "batch f t site -> (batch f t) site"))
+        log_terms = rearrange(
+            log_psi, "(batch f t) -> batch f t", f=len(self.flip_sign), t=x_t.shape[1]
+        )
+        log_terms = log_terms + 1j * self.flip_phase.to(log_psi.real.dtype)[:, None]
+        log_terms = rearrange(log_terms, "batch f t -> batch (f t)")
+        return complex_logsumexp(log_terms, dim=1) - math.log(log_terms.shape[1])

@@ -1,0 +1,191 @@
+"""Vision-Transformer wave function: patches → embedding → encoder blocks → complex log-cosh head.
+
+Architecture of Viteritti, Rende & Becca, PRL 130, 236401 (2023) and Rende et al.,
+Commun. Phys. 7, 260 (2024), with a selectable attention (factored or full softmax) and an
+optional Jastrow factor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange, reduce
+from torch import nn
+
+from vitqs.models._checks import check_choice, check_heads_divide, check_positive_int
+from vitqs.models.attention import make_attention
+from vitqs.models.jastrow import Jastrow
+from vitqs.models.patching import PatchGrid
+
+ATTENTIONS = ("factored", "full")
+EMBEDDINGS = ("linear", "onehot")
+
+# Std of the complex output weights: small, so that log ψ starts near a constant (ψ nearly
+# uniform) and the first VMC steps are not dominated by a random, peaked initial state.
+HEAD_INIT_STD = 1e-2
+# Std of learned absolute position embeddings (full attention without translation invariance).
+POSITION_INIT_STD = 2e-2
+
+
+def log_cosh(z: torch.Tensor) -> torch.Tensor:
+    """Returns ``log cosh z`` elementwise for complex (or real) ``z``, stable for large ``|Re z|``.
+
+    Uses evenness to move to ``Re z ≥ 0`` and then
+    ``log cosh z = z + log1p(exp(−2z)) − log 2``, where ``|exp(−2z)| ≤ 1``: finite for
+    ``|Re z|`` far beyond where ``cosh`` overflows, and equal to the naive ``log(cosh(z))``
+    (principal branch of the log, up to multiples of 2πi in the imaginary part) elsewhere.
+    """
+    z = torch.where(z.real < 0, -z, z)
+    return z + torch.log1p(torch.exp(-2 * z)) - math.log(2.0)
+
+
+class PatchEmbedding(nn.Module):
+    """Returns patch vectors ``(batch, patch, d_model)`` from patches ``(batch, patch, site)``.
+
+    ``linear``: the site values of a patch go through a Linear map. ``onehot``: each site value
+    is one-hot encoded over ``local_states`` first (natural for boson occupations, where the
+    value is a label more than a magnitude), then concatenated over the patch.
+    """
+
+    def __init__(self, patch_len: int, d_model: int, embedding: str, local_states: tuple):
+        super().__init__()
+        self.onehot = embedding == "onehot"
+        n_inputs = patch_len * len(local_states) if self.onehot else patch_len
+        states = torch.as_tensor(local_states, dtype=torch.float64)
+        self.register_buffer("local_states", states, persistent=False)
+        self.linear = nn.Linear(n_inputs, d_model)
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        if self.onehot:
+            onehot = (patches[..., None] == self.local_states).to(patches.dtype)
+            patches = rearrange(onehot, "batch patch site state -> batch patch (site state)")
+        return self.linear(patches)
+
+
+class EncoderBlock(nn.Module):
+    """Returns ``y + MLP(LN(y))`` with ``y = x + Attention(LN(x))``: a pre-LayerNorm block.
+
+    The MLP is ``Linear(d, 4d) → GELU → Linear(4d, d)``.
+    """
+
+    def __init__(self, attention: nn.Module, d_model: int):
+        super().__init__()
+        self.norm_attention = nn.LayerNorm(d_model)
+        self.attention = attention
+        self.norm_mlp = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm_attention(x))
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class LogCoshHead(nn.Module):
+    """Returns complex ``log ψ = Σ_α log cosh(b_α + w_α · z)`` ``(B,)``, ``z = LN(Σ_patches x)``.
+
+    The output head of Viteritti, Rende & Becca (2023) / Rende et al. (2024): the patch vectors
+    are summed (translation invariant on the patch lattice), normalised, and mapped to a complex
+    number through a layer of log-cosh units. ``w = w_re + i w_im`` and ``b = b_re + i b_im`` are
+    held as four real parameters. Init: ``w ~ N(0, HEAD_INIT_STD²)``, ``b = 0``, so
+    ``log ψ ≈ Σ_α (w_α·z)²/2 = O(n_hidden · d_model · 1e-4)``: ψ starts nearly uniform.
+    """
+
+    def __init__(self, d_model: int, n_hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.weight_re = nn.Parameter(HEAD_INIT_STD * torch.randn(n_hidden, d_model))
+        self.weight_im = nn.Parameter(HEAD_INIT_STD * torch.randn(n_hidden, d_model))
+        self.bias_re = nn.Parameter(torch.zeros(n_hidden))
+        self.bias_im = nn.Parameter(torch.zeros(n_hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.norm(reduce(x, "batch patch d -> batch d", "sum"))
+        theta = torch.complex(
+            z @ self.weight_re.T + self.bias_re, z @ self.weight_im.T + self.bias_im
+        )  # (batch, hidden)
+        return log_cosh(theta).sum(dim=-1)
+
+
+class ViT(nn.Module):
+    """Returns the complex ``log ψ(x)`` ``(B,)`` of configurations ``x`` ``(B, n_sites)``.
+
+    ``x`` holds spins ``±1`` or occupations ``0..n_max`` as floats, sites row-major. Output is
+    complex128 for float64 parameters, complex64 for float32; all parameters are real. Each
+    sample is processed on its own (LayerNorm only, no batch statistics).
+
+    Pipeline: patches of ``patch_size`` sites (see ``PatchGrid``) → ``PatchEmbedding`` →
+    (absolute position embedding, only for ``attention="full"`` without translation
+    invariance, since the network would otherwise not know where a patch is) → ``layers``
+    ``EncoderBlock`` s → ``LogCoshHead`` with ``d_model`` hidden units → ``+ log J(x)`` if
+    ``jastrow``. With ``translation_invariant`` the whole network is invariant under
+    translations of the lattice by whole patches; symmetrize for the remaining ones.
+
+    Args:
+        lattice_shape: ``(L,)`` or ``(Lx, Ly)``.
+        patch_size: ``b`` along every axis, or one size per axis (x first); must divide the
+            lattice extent.
+        d_model: width of the patch vectors.
+        heads: attention heads; must divide ``d_model``.
+        layers: number of encoder blocks.
+        attention: "factored" (position-only weights) or "full" (softmax QKᵀ).
+        translation_invariant: relative-position attention on the periodic patch lattice.
+        embedding: "linear" or "onehot" (over ``local_states``).
+        local_states: the values a site can take, for the one-hot embedding.
+        jastrow: add the log of a two-body ``Jastrow`` factor.
+        pbc: boundary conditions of the Jastrow factor's displacements.
+    """
+
+    def __init__(
+        self,
+        lattice_shape: tuple[int, ...],
+        patch_size: int | tuple[int, ...],
+        d_model: int,
+        heads: int,
+        layers: int,
+        attention: str = "factored",
+        translation_invariant: bool = True,
+        embedding: str = "linear",
+        local_states: tuple = (-1, 1),
+        jastrow: bool = False,
+        pbc: bool = True,
+    ):
+        super().__init__()
+        check_choice("attention", attention, ATTENTIONS)
+        check_choice("embedding", embedding, EMBEDDINGS)
+        d_model = check_positive_int("d_model", d_model)
+        heads = check_positive_int("heads", heads)
+        check_heads_divide(d_model, heads)
+        if isinstance(layers, bool) or int(layers) != layers or layers < 0:
+            raise ValueError(f"model.layers={layers!r} must be a non-negative integer")
+        self.grid = PatchGrid(lattice_shape, patch_size)
+        self.embed = PatchEmbedding(self.grid.patch_len, d_model, embedding, tuple(local_states))
+        self.position = None
+        if attention == "full" and not translation_invariant:
+            self.position = nn.Parameter(
+                POSITION_INIT_STD * torch.randn(self.grid.n_patches, d_model)
+            )
+        self.blocks = nn.ModuleList(
+            EncoderBlock(
+                make_attention(attention, self.grid, d_model, heads, translation_invariant),
+                d_model,
+            )
+            for _ in range(int(layers))
+        )
+        self.head = LogCoshHead(d_model, n_hidden=d_model)
+        self.jastrow = Jastrow(lattice_shape, pbc) if jastrow else None
+        self.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.head.weight_re.dtype)
+        h = self.embed(self.grid.split(x))  # (batch, patch, d_model)
+        if self.position is not None:
+            h = h + self.position
+        for block in self.blocks:
+            h = block(h)
+        log_psi = self.head(h)
+        if self.jastrow is not None:
+            log_psi = log_psi + self.jastrow(x)
+        return log_psi

@@ -1,0 +1,81 @@
+"""build_model: every kind and option from a config, and clear errors for bad ones."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from vitqs.hilbert import Bosons, SpinHalf
+from vitqs.lattice import Lattice
+from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT, build_model
+
+from .helpers import CHAIN, SQUARE, model_config, random_bosons, random_spins
+
+SPINS = SpinHalf(SQUARE.n_sites, 0)
+BOSONS = Bosons(SQUARE.n_sites, SQUARE.n_sites, 2)
+
+
+@pytest.mark.parametrize(
+    ("kind", "attention", "embedding", "symmetrize"),
+    [
+        *itertools.product(["vit"], ["factored", "full"], ["linear", "onehot"], ["none"]),
+        ("vit", "factored", "onehot", "translations"),
+        ("simple_vit", "full", "linear", "none"),
+        ("jastrow", "factored", "linear", "translations"),
+    ],
+)
+@pytest.mark.parametrize("bosons", [False, True], ids=["spins", "bosons"])
+def test_every_kind_builds_a_float64_model(kind, attention, embedding, symmetrize, bosons):
+    cfg = model_config(kind=kind, attention=attention, embedding=embedding, symmetrize=symmetrize)
+    hilbert = BOSONS if bosons else SPINS
+    model = build_model(cfg, SQUARE, hilbert)
+    bare = model.model if isinstance(model, Symmetrized) else model
+    assert isinstance(bare, {"vit": ViT, "simple_vit": SimpleViT, "jastrow": Jastrow}[kind])
+    assert isinstance(model, Symmetrized) == (symmetrize == "translations")
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    x = random_bosons(3, 16) if bosons else random_spins(3, 16)
+    log_psi = model(x)
+    assert log_psi.shape == (3,) and log_psi.dtype == torch.complex128
+
+
+def test_patch_size_list_and_jastrow_factor_on_a_chain():
+    cfg = model_config(patch_size=[4], jastrow=True)
+    model = build_model(cfg, CHAIN, SpinHalf(8, 0))
+    assert model.grid.patch_extent == (4, 1)
+    assert model.jastrow is not None
+
+
+def test_spin_flip_alone_wraps_with_the_identity_only():
+    model = build_model(model_config(spin_flip=-1), SQUARE, SPINS)
+    assert isinstance(model, Symmetrized) and model.translations.shape == (1, 16)
+    x = random_spins(2, 16)
+    phase = torch.remainder(model(-x).imag - model(x).imag, 2 * math.pi)
+    torch.testing.assert_close(phase, torch.full_like(phase, math.pi), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "hilbert", "message"),
+    [
+        (dict(kind="rbm"), SPINS, r"model.kind='rbm'.*\['vit', 'simple_vit', 'jastrow'\]"),
+        (dict(attention="sparse"), SPINS, r"model.attention='sparse'.*\['factored', 'full'\]"),
+        (dict(embedding="conv"), SPINS, r"model.embedding='conv'.*\['linear', 'onehot'\]"),
+        (dict(symmetrize="all"), SPINS, r"model.symmetrize='all'.*\['none', 'translations'\]"),
+        (dict(spin_flip=2), SPINS, r"model.spin_flip=2.*\[0, 1, -1\]"),
+        (dict(spin_flip=1), BOSONS, r"model.spin_flip=1 needs spin-1/2 states at total_sz=0"),
+        (dict(spin_flip=1), SpinHalf(16, 1), r"model.spin_flip=1 needs .*total_sz=1.0"),
+        (dict(patch_size=3), SPINS, r"model.patch_size=3 must divide lattice.shape=\[4, 4\]"),
+        (dict(heads=3), SPINS, r"model.heads=3 must divide model.d_model=8"),
+        (dict(kind="simple_vit", jastrow=True), SPINS, r"model.jastrow=True .*'simple_vit'"),
+    ],
+)
+def test_bad_options_are_clear_errors(overrides, hilbert, message):
+    with pytest.raises(ValueError, match=message):
+        build_model(model_config(**overrides), SQUARE, hilbert)
+
+
+def test_open_lattice_jastrow_and_trivial_translations():
+    lattice = Lattice((4, 4), pbc=False)
+    model = build_model(model_config(kind="jastrow", symmetrize="translations"), lattice, SPINS)
+    assert model.translations.shape == (1, 16)
+    assert model.model.v.numel() == (7 * 7 - 1) // 2

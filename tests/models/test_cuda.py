@@ -1,0 +1,33 @@
+"""Models give the same numbers on a CUDA device as on the CPU (float64)."""
+
+import pytest
+import torch
+
+from vitqs.hilbert import SpinHalf
+from vitqs.models import build_model
+
+from .helpers import SQUARE, model_config, random_spins
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(attention="factored", jastrow=True, symmetrize="translations", spin_flip=1),
+        dict(attention="full", translation_invariant=False, embedding="onehot"),
+        dict(attention="full", translation_invariant=True),
+        dict(kind="simple_vit"),
+    ],
+)
+def test_cuda_equals_cpu(overrides):
+    model = build_model(model_config(layers=2, **overrides), SQUARE, SpinHalf(16, 0))
+    for p in model.parameters():
+        p.data.add_(0.1 * torch.randn_like(p))
+    x = random_spins(32, 16)
+    on_cpu = model(x)
+    on_cuda = model.to("cuda")(x.to("cuda")).cpu()
+    torch.testing.assert_close(on_cuda, on_cpu, rtol=0, atol=1e-10)

@@ -1,0 +1,90 @@
+"""Symmetrized: exact invariance under every translation, spin-inversion parity, stable sums."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from vitqs.lattice import Lattice
+from vitqs.models import Jastrow, Symmetrized, ViT, complex_logsumexp
+
+from .helpers import random_spins
+
+
+def _same_phase(a, b, atol=1e-12):
+    """Checks log ψ values agree: real parts equal, imaginary parts equal modulo 2π."""
+    torch.testing.assert_close(a.real, b.real, rtol=0, atol=atol)
+    phase = torch.remainder(a.imag - b.imag + math.pi, 2 * math.pi) - math.pi
+    assert phase.abs().max() < atol
+
+
+def _vit(lattice):
+    # translation_invariant=False: the bare model has no symmetry, the projection must add it
+    model = ViT(lattice.shape, 2, 8, 2, 1, translation_invariant=False)
+    for p in model.parameters():
+        p.data.add_(0.2 * torch.randn_like(p))  # away from the nearly flat initial state
+    return model
+
+
+@pytest.mark.parametrize("lattice", [Lattice((8,)), Lattice((4, 4))], ids=["chain", "square"])
+def test_invariant_under_every_translation(lattice):
+    model = Symmetrized(_vit(lattice), lattice.translations)
+    x = random_spins(3, lattice.n_sites)
+    log_psi = model(x)
+    assert log_psi.shape == (3,) and log_psi.dtype == torch.complex128
+    bare = model.model(x)
+    assert (bare - model.model(x[:, lattice.translations[1]])).abs().max() > 1e-3
+    for perm in lattice.translations:
+        _same_phase(model(x[:, perm]), log_psi)
+
+
+@pytest.mark.parametrize("spin_flip", [1, -1])
+def test_spin_inversion_parity(spin_flip):
+    lattice = Lattice((4, 4))
+    model = Symmetrized(_vit(lattice), lattice.translations, spin_flip=spin_flip)
+    x = random_spins(4, lattice.n_sites)
+    log_psi = model(x)
+    # ψ(−x) = s ψ(x): log ψ(−x) = log ψ(x) + iπ for s = −1
+    shift = 0.0 if spin_flip == 1 else math.pi
+    _same_phase(model(-x), log_psi + 1j * shift)
+    _same_phase(model(-x[:, lattice.translations[5]]), log_psi + 1j * shift)
+
+
+def test_equals_the_plain_average():
+    lattice = Lattice((6,))
+    bare = _vit(lattice)
+    model = Symmetrized(bare, lattice.translations, spin_flip=-1)
+    # the first state's inverse is its mirror image, not a translation: ψ_sym ≠ 0 there
+    x = torch.cat([torch.tensor([[1.0, 1, -1, 1, -1, -1]]), random_spins(3, lattice.n_sites)])
+    psi = torch.zeros(4, dtype=torch.complex128)
+    for perm in lattice.translations:
+        psi += bare(x[:, perm]).exp() - bare(-x[:, perm]).exp()
+    psi = psi / (2 * len(lattice.translations))
+    assert psi[0].abs() > 1e-3
+    torch.testing.assert_close(model(x).exp(), psi, rtol=1e-12, atol=1e-14)
+
+
+def test_complex_logsumexp_is_stable_and_handles_signs():
+    log_terms = torch.tensor(
+        [[1000.0 + 0.0j, 1000.0 + 0.5j, 990.0 + 1j * math.pi]], dtype=torch.complex128
+    )
+    out = complex_logsumexp(log_terms, dim=1)
+    reference = 1000.0 + np.log(1 + np.exp(0.5j) - np.exp(-10.0))
+    assert np.isclose(out.item(), reference, rtol=1e-14)
+    # +iπ is a weight −1: exact cancellation
+    cancelled = complex_logsumexp(
+        torch.tensor([[2.0 + 0j, 2.0 + 1j * math.pi]], dtype=torch.complex128), dim=1
+    )
+    assert cancelled.real.item() < -30
+
+
+def test_keeps_the_model_precision():
+    lattice = Lattice((4,))
+    model = Symmetrized(Jastrow(lattice.shape), lattice.translations, spin_flip=-1)
+    assert model.to(torch.float32)(random_spins(2, 4)).dtype == torch.complex64
+
+
+def test_bad_spin_flip_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"model.spin_flip=2.*\[0, 1, -1\]"):
+        Symmetrized(Jastrow((4,)), Lattice((4,)).translations, spin_flip=2)

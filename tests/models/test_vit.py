@@ -1,0 +1,146 @@
+"""ViT: contract (shapes, dtypes, per-sample), symmetry of the attention, sizes, errors."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from vitqs.lattice import Lattice
+from vitqs.models import ViT
+from vitqs.models.patching import PatchGrid
+
+from .helpers import CHAIN, SQUARE, random_bosons, random_spins
+
+OPTIONS = list(itertools.product(["factored", "full"], [True, False], ["linear", "onehot"]))
+
+
+def _n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(("attention", "translation_invariant", "embedding"), OPTIONS)
+@pytest.mark.parametrize("lattice", [CHAIN, SQUARE], ids=["chain", "square"])
+def test_spins_give_complex128_per_sample(lattice, attention, translation_invariant, embedding):
+    model = ViT(lattice.shape, 2, 8, 2, 2, attention, translation_invariant, embedding, (-1, 1))
+    x = random_spins(5, lattice.n_sites)
+    log_psi = model(x)
+    assert log_psi.shape == (5,) and log_psi.dtype == torch.complex128
+    assert torch.isfinite(torch.view_as_real(log_psi)).all()
+    one_by_one = torch.cat([model(x[b : b + 1]) for b in range(5)])
+    torch.testing.assert_close(log_psi, one_by_one, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("embedding", ["linear", "onehot"])
+def test_bosons_with_jastrow_give_complex128_per_sample(embedding):
+    model = ViT(SQUARE.shape, 2, 8, 2, 1, embedding=embedding, local_states=(0, 1, 2), jastrow=True)
+    x = random_bosons(4, SQUARE.n_sites, n_max=2)
+    log_psi = model(x)
+    assert log_psi.shape == (4,) and log_psi.dtype == torch.complex128
+    torch.testing.assert_close(log_psi[1:2], model(x[1:2]), rtol=0, atol=1e-13)
+
+
+def test_all_parameters_are_real_float64():
+    model = ViT(SQUARE.shape, 2, 8, 2, 1, jastrow=True)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+
+
+def test_float32_model_gives_complex64():
+    model = ViT(SQUARE.shape, 2, 8, 2, 1, embedding="onehot", jastrow=True).to(torch.float32)
+    x = random_spins(3, SQUARE.n_sites)
+    log_psi = model(x)  # float64 input: the model casts to its own precision
+    assert log_psi.dtype == torch.complex64
+    torch.testing.assert_close(log_psi, model(x.float()))
+
+
+def test_initial_wave_function_is_nearly_uniform():
+    model = ViT(SQUARE.shape, 2, 16, 2, 2)
+    log_psi = model(random_spins(64, SQUARE.n_sites))
+    assert (log_psi - log_psi.mean()).abs().max() < 0.05
+
+
+@pytest.mark.parametrize(
+    ("shape", "patch_size"),
+    [((12,), 2), ((6, 4), 2), ((4, 6), (2, 1))],
+    ids=["1d", "2d", "2d-rect"],
+)
+def test_factored_attention_weights_are_circulant_on_the_patch_lattice(shape, patch_size):
+    model = ViT(shape, patch_size, 8, 2, 1, attention="factored", translation_invariant=True)
+    alpha = model.blocks[0].attention.attention_weights().detach()  # (heads, i, j)
+    grid = PatchGrid(shape, patch_size)
+    px, py = grid.grid_extent
+    coords = grid.patch_coords()
+
+    def shifted(patch, ax, ay):
+        x, y = coords[patch]
+        return (x + ax) % px + px * ((y + ay) % py)
+
+    for ax, ay in itertools.product(range(px), range(py)):
+        perm = [shifted(p, ax, ay) for p in range(grid.n_patches)]
+        torch.testing.assert_close(alpha[:, perm][:, :, perm], alpha, rtol=0, atol=0)
+    # and not trivially constant
+    assert alpha[0].std() > 0
+
+
+@pytest.mark.parametrize("attention", ["factored", "full"])
+@pytest.mark.parametrize("lattice", [Lattice((8,)), Lattice((4, 4))], ids=["chain", "square"])
+def test_translation_invariant_vit_is_invariant_under_patch_translations(lattice, attention):
+    model = ViT(lattice.shape, 2, 8, 2, 2, attention=attention, translation_invariant=True)
+    # give the relative bias of full attention a value, so that it takes part in the check
+    for p in model.parameters():
+        p.data.add_(0.1 * torch.randn_like(p))
+    x = random_spins(4, lattice.n_sites)
+    log_psi = model(x)
+    # (T x)[i] = x[perm[i]] = x[i − shift], so site 0 reads site −shift
+    shifts = -lattice.coords[lattice.translations[:, 0]] % np.asarray(lattice.shape)
+    by_whole_patches = np.all(shifts % 2 == 0, axis=1)
+    assert by_whole_patches.sum() == lattice.n_sites // 2**lattice.ndim
+    for perm in lattice.translations[by_whole_patches]:
+        torch.testing.assert_close(model(x[:, perm]), log_psi, rtol=0, atol=1e-12)
+
+
+def _vit_param_count(n_sites_patch, n_local, n_patches, d, heads, layers, attention, ti):
+    """Parameter count of ViT written out term by term."""
+    embedding = n_sites_patch * n_local * d + d
+    if attention == "factored":
+        attn = d * d + (d * d + d) + heads * (n_patches if ti else n_patches**2)  # V, W_O, α
+    else:
+        attn = 3 * d * d + (d * d + d) + (heads * n_patches if ti else 0)  # QKV, W_O, bias
+    position = n_patches * d if attention == "full" and not ti else 0
+    mlp = (d * 4 * d + 4 * d) + (4 * d * d + d)
+    block = 2 * (2 * d) + attn + mlp  # two LayerNorms
+    head = 2 * d + 2 * (d * d) + 2 * d  # LayerNorm, W_re, W_im, b_re, b_im (hidden = d)
+    return embedding + position + layers * block + head
+
+
+@pytest.mark.parametrize(("attention", "translation_invariant", "embedding"), OPTIONS)
+def test_parameter_count_matches_formula(attention, translation_invariant, embedding):
+    d, heads, layers = 8, 2, 3
+    model = ViT((4, 6), 2, d, heads, layers, attention, translation_invariant, embedding, (0, 1, 2))
+    n_local = 3 if embedding == "onehot" else 1
+    expected = _vit_param_count(4, n_local, 6, d, heads, layers, attention, translation_invariant)
+    assert _n_params(model) == expected
+
+
+def test_jastrow_factor_adds_its_parameters():
+    plain = ViT((4, 4), 2, 8, 2, 1)
+    with_jastrow = ViT((4, 4), 2, 8, 2, 1, jastrow=True)
+    # periodic 4 × 4: (N + n_half − 2)/2 = (16 + 4 − 2)/2 = 9 couplings, plus g
+    assert _n_params(with_jastrow) - _n_params(plain) == 9 + 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(patch_size=3), r"model.patch_size=3 must divide lattice.shape=\[4, 4\]"),
+        (dict(heads=3), r"model.heads=3 must divide model.d_model=8"),
+        (dict(attention="linformer"), r"model.attention='linformer'.*\['factored', 'full'\]"),
+        (dict(embedding="conv"), r"model.embedding='conv'.*\['linear', 'onehot'\]"),
+        (dict(d_model=0), r"model.d_model=0 must be a positive integer"),
+        (dict(layers=-1), r"model.layers=-1"),
+    ],
+)
+def test_bad_options_are_clear_errors(kwargs, message):
+    args = dict(lattice_shape=(4, 4), patch_size=2, d_model=8, heads=2, layers=1) | kwargs
+    with pytest.raises(ValueError, match=message):
+        ViT(**args)
