@@ -1,0 +1,103 @@
+"""Figures and tables: real PNG files that read back, a report over a folder, sweeps."""
+
+import h5py
+import matplotlib.image
+import numpy as np
+import pytest
+from test_results import make_record
+
+from vitqs.plots import plot_run, plot_sweep, report
+from vitqs.results import ResultsError, write_results
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_png(path):
+    assert path.is_file() and path.stat().st_size > 1000
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and min(image.shape[:2]) > 100
+
+
+def test_plot_run_with_exact_writes_three_figures(tmp_path):
+    paths = plot_run(make_record(20), tmp_path / "figs")
+    assert [p.name for p in paths] == ["energy.png", "relative_error.png", "variance.png"]
+    for path in paths:
+        assert_png(path)
+
+
+def test_plot_run_without_exact_skips_relative_error(tmp_path):
+    paths = plot_run(make_record(20, finished=False, exact=False), tmp_path)
+    assert [p.name for p in paths] == ["energy.png", "variance.png"]
+    for path in paths:
+        assert_png(path)
+
+
+def test_plot_run_with_empty_history_writes_nothing(tmp_path):
+    assert plot_run(make_record(0, finished=False), tmp_path) == []
+
+
+def test_report_on_a_folder_with_two_runs_and_a_foreign_file(tmp_path):
+    write_results(tmp_path / "a.h5", make_record(10))
+    second = make_record(6, finished=False, exact=False)
+    second.name = "b"
+    write_results(tmp_path / "nested" / "b.h5", second)
+    with h5py.File(tmp_path / "foreign.h5", "w") as f:
+        f["x"] = np.zeros(2)
+
+    table, pngs = report(tmp_path)
+
+    lines = table.strip().splitlines()
+    assert len(lines) == 2 + 3  # header, rule, one row per file
+    assert "unreadable: is not a vitqs results file" in table
+    assert any("| chain8 | finished |" in line for line in lines)
+    assert any("| b | running |" in line for line in lines)
+    assert (tmp_path / "a" / "energy.png") in pngs
+    assert (tmp_path / "nested" / "b" / "variance.png") in pngs
+    for path in pngs:
+        assert_png(path)
+
+
+def test_report_on_a_single_file_and_a_missing_path(tmp_path):
+    path = write_results(tmp_path / "run.h5", make_record(5))
+    table, pngs = report(path)
+    assert len(table.strip().splitlines()) == 3
+    assert {p.parent for p in pngs} == {tmp_path / "run"}
+    with pytest.raises(ResultsError, match="no such"):
+        report(tmp_path / "absent")
+
+
+def sweep_rows():
+    rows = []
+    for j2, exact in ((0.0, -0.4564), (0.5, -0.3750), (0.3, None)):
+        energy = (exact or -0.40) + 1e-3
+        rows.append(
+            {
+                "J2": j2,
+                "energy_per_site": energy,
+                "energy_error_per_site": 2e-4,
+                "exact_energy_per_site": exact,
+                "relative_error": None if exact is None else abs(1e-3 / exact),
+                "structure_factor_peak": 1.0 - j2,
+            }
+        )
+    return rows
+
+
+def test_plot_sweep_writes_its_figures(tmp_path):
+    paths = plot_sweep(sweep_rows(), "J2", tmp_path)
+    names = [p.name for p in paths]
+    assert names == ["energy_per_site.png", "relative_error.png", "order_parameter.png"]
+    for path in paths:
+        assert_png(path)
+
+
+def test_plot_sweep_without_exact_or_order_parameters(tmp_path):
+    rows = [
+        {"U": u, "energy_per_site": -1.0 / u, "energy_error_per_site": 1e-3}
+        for u in (1.0, 2.0, 4.0)
+    ]
+    paths = plot_sweep(rows, "U", tmp_path)
+    assert [p.name for p in paths] == ["energy_per_site.png"]
+    with pytest.raises(ValueError, match="'J'"):
+        plot_sweep(rows, "J", tmp_path)
