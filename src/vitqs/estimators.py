@@ -1,0 +1,235 @@
+"""Local energies, Monte Carlo statistics and the V-score.
+
+Every mean over samples in vitqs goes through `sample_mean`, which sums through `reduce_sum`:
+that is the one place where a ``torch.distributed`` all-reduce across ranks slots in. Sums
+that stay inside one Markov chain (a chain lives on one rank) need no reduction.
+
+Samples come with chain structure ``(n_chains, n_per_chain, ...)``; the exact (full-sum)
+sampler gives one "chain" holding the whole sector together with weights ``|ψ|²/Σ|ψ|²``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# Sokal's window constant for the integrated autocorrelation time (Sokal 1997; emcee).
+_SOKAL_WINDOW = 5.0
+
+
+def reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """Returns the sum of ``x`` over all ranks; the identity on one process.
+
+    This is the single place where a ``torch.distributed.all_reduce`` goes.
+    """
+    return x
+
+
+def sample_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns the mean over the leading (sample) axis, or the weighted sum for exact weights.
+
+    Args:
+        values: ``(n, ...)``, any dtype that sums.
+        weights: ``(n,)`` non-negative, summing to 1 over all samples (the exact sampler's
+            ``|ψ|²/Σ|ψ|²``), or None for equal weights ``1/n``.
+    """
+    if weights is None:
+        count = torch.tensor(float(values.shape[0]), dtype=torch.float64, device=values.device)
+        return reduce_sum(values.sum(dim=0)) / reduce_sum(count)
+    w = weights.reshape(weights.shape + (1,) * (values.ndim - 1))
+    return reduce_sum((w * values).sum(dim=0))
+
+
+def evaluate_log_psi(model, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Returns the complex ``log ψ(x)`` ``(B,)`` of configurations ``(B, N)``, in chunks.
+
+    A model with real output is read as ``log ψ`` real (positive ψ).
+    """
+    if x.shape[0] == 0:
+        return torch.zeros(0, dtype=_complex_dtype(model), device=x.device)
+    step = x.shape[0] if chunk_size is None else chunk_size
+    parts = [model(x[start : start + step]) for start in range(0, x.shape[0], step)]
+    out = torch.cat(parts)
+    return out if out.is_complex() else out.to(_complex_dtype(model))
+
+
+def _complex_dtype(model) -> torch.dtype:
+    param = next(model.parameters(), None)
+    real = torch.float64 if param is None else param.dtype
+    return torch.complex64 if real == torch.float32 else torch.complex128
+
+
+@torch.no_grad()
+def amplitude_ratios(
+    model,
+    x_conn: torch.Tensor,
+    active: torch.Tensor,
+    log_psi: torch.Tensor,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Returns ``ψ(x'_k)/ψ(x)`` ``(B, K)`` where ``active``, else 0; log ψ only on active ``x'``.
+
+    The active connected configurations are gathered into one batch, evaluated, and
+    scattered back, so inactive (padding, zero-element) entries cost nothing.
+
+    Args:
+        model: ``(B, N) -> log ψ (B,)``.
+        x_conn: connected configurations ``(B, K, N)``.
+        active: ``(B, K)`` bool.
+        log_psi: ``log ψ(x)`` of the rows ``(B,)``, complex.
+        chunk_size: configurations per forward pass; None for one pass.
+    """
+    rows, cols = active.nonzero(as_tuple=True)  # (M,) each
+    log_psi_conn = evaluate_log_psi(model, x_conn[rows, cols], chunk_size)  # (M,)
+    ratios = torch.zeros(active.shape, dtype=log_psi.dtype, device=x_conn.device)
+    ratios[rows, cols] = torch.exp(log_psi_conn.to(log_psi.dtype) - log_psi[rows])
+    return ratios
+
+
+@torch.no_grad()
+def local_energy(
+    hamiltonian,
+    model,
+    x: torch.Tensor,
+    log_psi: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Returns the local energies ``E_loc(x)`` of configurations ``(..., N)`` as complex ``(...)``.
+
+    ``E_loc(x) = Σ_x' H_{xx'} exp(log ψ(x') − log ψ(x))`` over the connected configurations of
+    ``hamiltonian.get_conn_padded``. The diagonal needs no network; log ψ is evaluated only
+    on off-diagonal configurations with a non-zero element, in one batch per chunk.
+
+    Args:
+        hamiltonian: follows the operator contract (``get_conn_padded``).
+        model: ``(B, N) -> log ψ (B,)``.
+        x: configurations ``(..., N)``, the model's floating dtype.
+        log_psi: ``log ψ(x)`` ``(...)`` when already known (e.g. from the sampler).
+        chunk_size: sample configurations handled at once (bounds memory to
+            ``chunk_size · max_conn`` configurations); None for all at once.
+    """
+    batch_shape, n_sites = x.shape[:-1], x.shape[-1]
+    x = x.reshape(-1, n_sites)
+    log_psi = evaluate_log_psi(model, x, chunk_size) if log_psi is None else log_psi.reshape(-1)
+    step = x.shape[0] if chunk_size is None else chunk_size
+    parts = [
+        _local_energy_chunk(hamiltonian, model, x[s : s + step], log_psi[s : s + step])
+        for s in range(0, x.shape[0], step)
+    ]
+    return torch.cat(parts).reshape(batch_shape)
+
+
+def _local_energy_chunk(hamiltonian, model, x, log_psi):
+    x_conn, mels = hamiltonian.get_conn_padded(x)  # (B, K, N), (B, K)
+    mels_off = mels[:, 1:]
+    ratios = amplitude_ratios(model, x_conn[:, 1:], mels_off != 0, log_psi)  # (B, K-1)
+    return mels[:, 0].to(log_psi.dtype) + (mels_off * ratios).sum(dim=1)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Monte Carlo estimate of a mean with its uncertainty.
+
+    Attributes:
+        mean: sample mean (complex for local energies; take ``.real`` for a Hermitian H).
+        error_of_mean: standard error of the mean, from the chain structure.
+        variance: ``⟨|x − mean|²⟩``.
+        tau_corr: integrated autocorrelation time in samples, ``Σ_{t≥1} ρ(t)`` (0: none).
+        r_hat: split-chain Gelman-Rubin diagnostic (≈1 when chains agree; NaN if undefined).
+        n_samples: number of samples (states of the sector for exact weights).
+    """
+
+    mean: complex
+    error_of_mean: float
+    variance: float
+    tau_corr: float
+    r_hat: float
+    n_samples: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.mean.real:.8f} ± {self.error_of_mean:.2e} [σ²={self.variance:.3e}, "
+            f"τ={self.tau_corr:.2f}, R̂={self.r_hat:.4f}]"
+        )
+
+
+def statistics(values: torch.Tensor, weights: torch.Tensor | None = None) -> Stats:
+    """Returns the `Stats` of samples ``(n_chains, n_per_chain)`` (or ``(n,)``: one chain).
+
+    With ``weights`` (exact sampler) the mean and variance are exact weighted sums and the
+    error is 0. Otherwise the error of the mean is ``sqrt(Var(chain means) / n_chains)``
+    from two or more independent chains (the batch-means estimator, valid whatever the
+    autocorrelation), and ``sqrt(σ² (1 + 2τ) / n)`` from a single chain; ``τ`` is
+    estimated from the chains' autocorrelation with Sokal's automatic window.
+    """
+    values = values.reshape(1, -1) if values.ndim == 1 else values
+    flat = values.reshape(-1)
+    flat_weights = None if weights is None else weights.reshape(-1)
+    mean = sample_mean(flat, flat_weights)
+    variance = float(sample_mean((flat - mean).abs() ** 2, flat_weights))
+    n = flat.shape[0]
+    if weights is not None:
+        return Stats(complex(mean), 0.0, variance, 0.0, 1.0, n)
+    tau = integrated_time(values, mean, variance)
+    if values.shape[0] >= 2:
+        error = float(chain_error(values.mean(dim=1), mean))
+    else:
+        error = math.sqrt(variance * (1 + 2 * tau) / n)
+    return Stats(complex(mean), error, variance, tau, split_r_hat(values), n)
+
+
+def chain_error(chain_means: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """Returns the error of the mean from independent chain means ``(n_chains, ...)``.
+
+    ``sqrt(Σ_c |m_c − mean|² / (n_chains (n_chains − 1)))``, elementwise over trailing axes.
+    """
+    n_chains = chain_means.shape[0]
+    spread = sample_mean((chain_means - mean).abs() ** 2)
+    return torch.sqrt(spread / max(n_chains - 1, 1))
+
+
+def integrated_time(values: torch.Tensor, mean, variance: float) -> float:
+    """Returns the integrated autocorrelation time ``τ = Σ_{t=1}^{W} ρ(t)`` of chains ``(C, S)``.
+
+    ``ρ(t)`` is the autocorrelation averaged over chains (via FFT), and ``W`` the smallest
+    window with ``W ≥ 5 (1 + 2 τ(W))`` (Sokal 1997). τ = 0 for uncorrelated samples.
+    """
+    n_per_chain = values.shape[1]
+    if variance <= 0 or n_per_chain < 2:
+        return 0.0
+    centred = values - mean
+    spectrum = torch.fft.fft(centred, n=2 * n_per_chain, dim=1)
+    autocov = torch.fft.ifft(spectrum.abs() ** 2, dim=1)[:, :n_per_chain].real / n_per_chain
+    rho = sample_mean(autocov) / variance  # (S,)
+    taus = torch.cumsum(rho[1:], dim=0)  # τ(W) for W = 1 .. S-1
+    windows = torch.arange(1, n_per_chain, device=values.device)
+    inside = (windows >= _SOKAL_WINDOW * (1 + 2 * taus)).nonzero()
+    window = int(inside[0]) if len(inside) else n_per_chain - 2
+    return max(float(taus[window]), 0.0)
+
+
+def split_r_hat(values: torch.Tensor) -> float:
+    """Returns the split-chain R̂ (Gelman et al., Bayesian Data Analysis) of chains ``(C, S)``.
+
+    Each chain is split in halves; with ``n`` samples per half, ``W`` the mean within-half
+    variance and ``B/n`` the variance of half means, ``R̂ = sqrt(((n−1)/n W + B/n) / W)``.
+    NaN when halves hold fewer than 2 samples.
+    """
+    half = values.shape[1] // 2
+    if half < 2:
+        return float("nan")
+    halves = torch.cat([values[:, :half], values[:, half : 2 * half]])  # (2C, n)
+    half_means = halves.mean(dim=1)
+    within = sample_mean(((halves - half_means[:, None]).abs() ** 2).sum(dim=1) / (half - 1))
+    between = sample_mean((half_means - sample_mean(half_means)).abs() ** 2)
+    between = between * halves.shape[0] / max(halves.shape[0] - 1, 1)
+    if float(within) <= 0:
+        return 1.0
+    return math.sqrt(float(((half - 1) / half * within + between) / within))
+
+
+def v_score(stats: Stats, n_sites: int) -> float:
+    """Returns the V-score ``N · Var(E) / E²`` (Wu et al., Science 386, 296 (2024))."""
+    return n_sites * stats.variance / stats.mean.real**2

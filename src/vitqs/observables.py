@@ -1,0 +1,260 @@
+"""Correlations, structure factors, densities and the one-body density matrix.
+
+From samples: an operator ``A`` is estimated as the mean of its local value
+``A_loc(x) = Σ_x' A_{xx'} ψ(x')/ψ(x)`` under ``|ψ|²``, with error bars from independent
+chain means (`estimators.chain_error`); under the exact sampler the mean is the exact
+weighted sum and the error is 0. From a state vector over the sector (``exact_*``): the
+same expectation values by direct sums ``Σ_x ψ*(x) A_{xx'} ψ(x') / Σ|ψ|²``.
+
+Spins (S = σ/2, configurations ±1): ``S_i·S_j = x_i x_j/4 + ½ [x_i ≠ x_j] ψ(x^{ij})/ψ(x)``,
+``x^{ij}`` with sites i and j exchanged. With the Marshall sign rule the wave function is
+that of the rotated basis, and the exchange ratio takes ``−1`` when i and j sit on
+different sublattices, which gives the physical correlations.
+Structure factor ``S(q) = (1/N) Σ_ij e^{iq·(r_i − r_j)} ⟨S_i·S_j⟩`` on the momenta
+``q = 2π (n_x/L_x, n_y/L_y)``.
+
+Bosons: ``⟨b_i† b_j⟩``'s local value is ``√(n_i (n_j + 1)) ψ(x')/ψ(x)`` with ``x'`` = x
+with one particle moved i → j (the state that ``b_i† b_j`` maps onto x).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vitqs.estimators import amplitude_ratios, chain_error, sample_mean
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A sample estimate: ``mean`` and ``error`` (standard error of the mean), numpy arrays."""
+
+    mean: np.ndarray
+    error: np.ndarray
+
+
+def momenta(lattice) -> np.ndarray:
+    """Returns the lattice momenta ``(n_sites, ndim)``: ``q = 2π (n_x/L_x, n_y/L_y)``, row-major."""
+    grids = [2 * np.pi * np.arange(n) / n for n in lattice.shape]
+    mesh = np.meshgrid(*grids, indexing="xy")
+    return np.stack([m.reshape(-1) for m in mesh], axis=1)
+
+
+def _phases(lattice) -> np.ndarray:
+    """Returns ``e^{iq·r_i} / √N`` ``(n_q, N)``."""
+    return np.exp(1j * momenta(lattice) @ lattice.coords.T) / np.sqrt(lattice.n_sites)
+
+
+def structure_factor(lattice, correlations: np.ndarray) -> np.ndarray:
+    """Returns ``S(q) = (1/N) Σ_ij e^{iq·(r_i − r_j)} C_ij`` ``(n_q,)`` real, for `momenta`."""
+    phases = _phases(lattice)
+    return np.einsum("qi,ij,qj->q", phases, correlations, phases.conj()).real
+
+
+# --------------------------------------------------------------- from samples
+def _chain_means(samples, local_values, chunk_size) -> list[torch.Tensor]:
+    """Returns per-chain means ``(n_chains, ...)`` of each output of ``local_values``.
+
+    ``local_values(x (B, N), log_psi (B,), chunk_size)`` returns a list of ``(B, ...)``
+    tensors; with exact weights the "mean" of the single chain is the weighted sum.
+    """
+    n_chains, n_per_chain, n_sites = samples.x.shape
+    per_chunk = n_chains if chunk_size is None else max(1, chunk_size // n_per_chain)
+    chunks = []
+    for c0 in range(0, n_chains, per_chunk):
+        x = samples.x[c0 : c0 + per_chunk]  # (c, S, N)
+        log_psi = samples.log_psi[c0 : c0 + per_chunk].reshape(-1)
+        outs = local_values(x.reshape(-1, n_sites), log_psi, chunk_size)
+        outs = [o.reshape(x.shape[0], n_per_chain, *o.shape[1:]) for o in outs]
+        if samples.weights is None:
+            chunks.append([o.mean(dim=1) for o in outs])  # inside a chain: no cross-rank sum
+        else:
+            w = samples.weights[c0 : c0 + per_chunk]
+            chunks.append([torch.einsum("cs,cs...->c...", w.to(o.dtype), o) for o in outs])
+    return [torch.cat(parts) for parts in zip(*chunks, strict=True)]
+
+
+def _estimate(chain_means: torch.Tensor, exact: bool) -> Estimate:
+    """Returns the mean over chains and its error (0 for exact weights, NaN for one chain)."""
+    if exact:
+        return Estimate(chain_means[0].cpu().numpy(), np.zeros(chain_means.shape[1:]))
+    mean = sample_mean(chain_means)
+    if chain_means.shape[0] < 2:
+        return Estimate(mean.cpu().numpy(), np.full(mean.shape, np.nan))
+    return Estimate(mean.cpu().numpy(), chain_error(chain_means, mean).cpu().numpy())
+
+
+def _pairs(n_sites: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    i, j = torch.triu_indices(n_sites, n_sites, offset=1, device=device)
+    return i, j
+
+
+def spin_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[str, Estimate]:
+    """Returns ``spin_correlations`` ``(N, N)`` and ``structure_factor`` ``(n_q,)`` estimates.
+
+    Args:
+        hamiltonian: a `Heisenberg` (lattice and sign rule).
+        model: ``(B, N) -> log ψ (B,)``.
+        samples: `Samples` of ``|ψ|²`` with ``log_psi``.
+        chunk_size: samples whose exchanged configurations are evaluated at once.
+    """
+    lattice = hamiltonian.lattice
+    sign = _pair_signs(lattice, hamiltonian.sign_rule)
+    phases = torch.as_tensor(_phases(lattice), device=samples.x.device)
+
+    def local_values(x, log_psi, chunk):
+        corr = _spin_correlation_values(model, x, log_psi, sign, chunk)  # (B, N, N)
+        s_q = torch.einsum("qi,bij,qj->bq", phases, corr.to(phases.dtype), phases.conj()).real
+        return [corr, s_q]
+
+    exact = samples.weights is not None
+    corr, s_q = (_estimate(m, exact) for m in _chain_means(samples, local_values, chunk_size))
+    return {"spin_correlations": corr, "structure_factor": s_q}
+
+
+def _pair_signs(lattice, sign_rule: bool) -> np.ndarray:
+    """Returns the exchange-ratio sign ``(N, N)``: −1 across sublattices under the sign rule."""
+    sub = lattice.sublattice_sign
+    return np.outer(sub, sub) if sign_rule else np.ones((lattice.n_sites,) * 2, dtype=np.int64)
+
+
+def _spin_correlation_values(model, x, log_psi, sign, chunk_size) -> torch.Tensor:
+    """Returns the local values of ``S_i·S_j`` ``(B, N, N)`` real."""
+    n_sites = x.shape[1]
+    i, j = _pairs(n_sites, x.device)
+    x_conn = x.unsqueeze(1).repeat(1, len(i), 1)  # (B, P, N)
+    pair = torch.arange(len(i), device=x.device)
+    x_conn[:, pair, i], x_conn[:, pair, j] = x[:, j], x[:, i]
+    active = x[:, i] != x[:, j]  # (B, P)
+    ratios = amplitude_ratios(model, x_conn, active, log_psi, chunk_size)  # (B, P)
+    pair_sign = torch.as_tensor(sign, device=x.device, dtype=x.dtype)[i, j]
+    off = (0.5 * pair_sign * ratios).real.to(x.dtype)
+    corr = (x[:, :, None] * x[:, None, :]) / 4  # diagonal part; S_i·S_i = 3/4 below
+    corr[:, i, j] += off
+    corr[:, j, i] += off
+    corr[:, torch.arange(n_sites), torch.arange(n_sites)] = 0.75
+    return corr
+
+
+def boson_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[str, Estimate]:
+    """Returns ``densities`` ``(N,)``, ``density_correlations`` ``⟨n_i n_j⟩`` ``(N, N)``,
+    ``one_body_density_matrix`` ``⟨b_i† b_j⟩`` ``(N, N)`` complex, and
+    ``condensate_fraction`` (largest eigenvalue of ``⟨b_i† b_j⟩`` over the particle number;
+    error by leave-one-chain-out jackknife)."""
+    n_max = hamiltonian.hilbert.n_max
+
+    def local_values(x, log_psi, chunk):
+        rho = _one_body_values(model, x, log_psi, n_max, chunk)
+        return [x, x[:, :, None] * x[:, None, :], rho]
+
+    exact = samples.weights is not None
+    chain_means = _chain_means(samples, local_values, chunk_size)
+    densities, density_corr, rho = (_estimate(m, exact) for m in chain_means)
+    n_particles = hamiltonian.hilbert.n_particles
+    fraction = condensate_fraction(rho.mean, n_particles)
+    error = 0.0 if exact else _jackknife_error(chain_means[2].cpu().numpy(), n_particles)
+    return {
+        "densities": densities,
+        "density_correlations": density_corr,
+        "one_body_density_matrix": rho,
+        "condensate_fraction": Estimate(np.asarray(fraction), np.asarray(error)),
+    }
+
+
+def _jackknife_error(rho_chain_means: np.ndarray, n_particles: int) -> float:
+    """Returns the leave-one-chain-out jackknife error of the condensate fraction."""
+    n = len(rho_chain_means)
+    if n < 2:
+        return float("nan")
+    loo = (rho_chain_means.sum(axis=0) - rho_chain_means) / (n - 1)  # (C, N, N)
+    values = np.array([condensate_fraction(r, n_particles) for r in loo])
+    return float(np.sqrt((n - 1) / n * ((values - values.mean()) ** 2).sum()))
+
+
+def _one_body_values(model, x, log_psi, n_max, chunk_size) -> torch.Tensor:
+    """Returns the local values of ``b_i† b_j`` ``(B, N, N)`` complex."""
+    n_sites = x.shape[1]
+    i, j = (~torch.eye(n_sites, dtype=torch.bool, device=x.device)).nonzero(as_tuple=True)
+    x_conn = x.unsqueeze(1).repeat(1, len(i), 1)  # (B, P, N)
+    n_i, n_j = x[:, i], x[:, j]
+    active = (n_i > 0) & (n_j < n_max)
+    pair = torch.arange(len(i), device=x.device)
+    x_conn[:, pair, i] = n_i - active.to(x.dtype)
+    x_conn[:, pair, j] = n_j + active.to(x.dtype)
+    ratios = amplitude_ratios(model, x_conn, active, log_psi, chunk_size)  # (B, P)
+    rho = torch.zeros((x.shape[0], n_sites, n_sites), dtype=ratios.dtype, device=x.device)
+    rho[:, i, j] = torch.sqrt(n_i * (n_j + 1)).to(ratios.dtype) * ratios
+    rho[:, torch.arange(n_sites), torch.arange(n_sites)] = x.to(ratios.dtype)
+    return rho
+
+
+def condensate_fraction(one_body_density_matrix: np.ndarray, n_particles: int) -> float:
+    """Returns the largest eigenvalue of ``⟨b_i† b_j⟩`` divided by the particle number."""
+    rho = np.asarray(one_body_density_matrix)
+    rho = (rho + rho.conj().T) / 2  # Hermitian part; the sample estimate is Hermitian on average
+    return float(np.linalg.eigvalsh(rho)[-1] / n_particles)
+
+
+# ------------------------------------------------------------ from a vector
+def _vector_and_norm(vector: np.ndarray) -> tuple[np.ndarray, float]:
+    vector = np.asarray(vector)
+    return vector, float(np.vdot(vector, vector).real)
+
+
+def exact_spin_correlations(
+    hilbert, lattice, vector: np.ndarray, sign_rule: bool = False
+) -> np.ndarray:
+    """Returns ``⟨S_i·S_j⟩`` ``(N, N)`` of a state vector over the sector (``all_states`` order).
+
+    ``sign_rule``: the vector is in the Marshall-rotated basis (``Heisenberg(sign_rule=True)``).
+    """
+    vector, norm = _vector_and_norm(vector)
+    states = hilbert.all_states().astype(np.int64)  # (D, N)
+    prob = np.abs(vector) ** 2 / norm
+    corr = np.einsum("d,di,dj->ij", prob, states, states) / 4.0
+    sign = _pair_signs(lattice, sign_rule)
+    for i, j in zip(*np.triu_indices(lattice.n_sites, k=1), strict=True):
+        rows = np.nonzero(states[:, i] != states[:, j])[0]
+        swapped = states[rows].copy()
+        swapped[:, [i, j]] = swapped[:, [j, i]]
+        amp = np.vdot(vector[rows], vector[hilbert.state_index(swapped)]) / norm
+        corr[i, j] += 0.5 * sign[i, j] * amp.real
+        corr[j, i] = corr[i, j]
+    np.fill_diagonal(corr, 0.75)
+    return corr
+
+
+def exact_densities(hilbert, vector: np.ndarray) -> np.ndarray:
+    """Returns ``⟨n_i⟩`` ``(N,)`` of a state vector over a boson sector."""
+    vector, norm = _vector_and_norm(vector)
+    return (np.abs(vector) ** 2 / norm) @ hilbert.all_states().astype(np.float64)
+
+
+def exact_density_correlations(hilbert, vector: np.ndarray) -> np.ndarray:
+    """Returns ``⟨n_i n_j⟩`` ``(N, N)`` of a state vector over a boson sector."""
+    vector, norm = _vector_and_norm(vector)
+    states = hilbert.all_states().astype(np.float64)
+    return np.einsum("d,di,dj->ij", np.abs(vector) ** 2 / norm, states, states)
+
+
+def exact_one_body_density_matrix(hilbert, vector: np.ndarray) -> np.ndarray:
+    """Returns ``⟨b_i† b_j⟩`` ``(N, N)`` complex of a state vector over a boson sector."""
+    vector, norm = _vector_and_norm(vector)
+    states = hilbert.all_states().astype(np.int64)
+    n_sites = hilbert.n_sites
+    rho = np.zeros((n_sites, n_sites), dtype=np.complex128)
+    for i in range(n_sites):
+        for j in range(n_sites):
+            if i == j:
+                rho[i, i] = exact_densities(hilbert, vector)[i]
+                continue
+            # ⟨x| b_i† b_j |x'⟩ ≠ 0 for x' = x with one particle moved i -> j
+            rows = np.nonzero((states[:, i] > 0) & (states[:, j] < hilbert.n_max))[0]
+            moved = states[rows].copy()
+            moved[:, i] -= 1
+            moved[:, j] += 1
+            element = np.sqrt(states[rows, i] * (states[rows, j] + 1))
+            rho[i, j] = np.vdot(vector[rows], element * vector[hilbert.state_index(moved)]) / norm
+    return rho

@@ -1,0 +1,309 @@
+"""Samplers of ``|ψ(x)|²``: Metropolis-Hastings chains in parallel, and exact enumeration.
+
+`MetropolisSampler` advances ``n_chains`` Markov chains together on the model's device, one
+batched log ψ evaluation per proposal step. Proposals are symmetric, so a move ``x → x'``
+is accepted with ``min(1, |ψ(x')/ψ(x)|²) = min(1, exp(2 Re(log ψ(x') − log ψ(x))))``.
+Rules (Hilbert-space sectors are conserved by construction):
+
+- ``exchange``: pick a bond uniformly (the neighbour orders the Hamiltonian couples: order 1,
+  plus order 2 when ``J2 ≠ 0``) and swap its two spins; equal spins make a rejected move.
+- ``exchange_global``: swap a uniformly chosen up spin with a uniformly chosen down spin.
+- ``hop``: pick an order-1 bond and a direction uniformly and move one boson along it; an
+  empty source or a full target (``n_max``) makes a rejected move.
+- ``auto``: ``exchange`` for spins, ``hop`` for bosons.
+
+`ExactSampler` enumerates the sector and returns every state with weight ``|ψ|²/Σ|ψ|²``,
+for full-sum expectation values on tiny systems.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vitqs.estimators import evaluate_log_psi, reduce_sum
+from vitqs.hilbert import Bosons, SpinHalf
+
+RULES = ("auto", "exchange", "exchange_global", "hop")
+
+
+@dataclass
+class Samples:
+    """Configurations with chain structure, their log ψ, and exact weights if any.
+
+    Attributes:
+        x: configurations ``(n_chains, n_per_chain, N)``, the model's floating dtype.
+        log_psi: complex ``log ψ(x)`` ``(n_chains, n_per_chain)``.
+        weights: ``(n_chains, n_per_chain)`` summing to 1 (exact sampler), or None for
+            Monte Carlo samples of equal weight.
+        acceptance: fraction of accepted proposals in this call (NaN for exact samples).
+    """
+
+    x: torch.Tensor
+    log_psi: torch.Tensor
+    weights: torch.Tensor | None = None
+    acceptance: float = math.nan
+
+    @property
+    def n_chains(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def n_per_chain(self) -> int:
+        return self.x.shape[1]
+
+    @property
+    def n_samples(self) -> int:
+        return self.n_chains * self.n_per_chain
+
+
+def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
+    param = next(model.parameters(), None)
+    if param is None:
+        return torch.device("cpu"), torch.float64
+    return param.device, param.dtype
+
+
+class MetropolisSampler:
+    """Metropolis-Hastings chains of ``|ψ|²`` that persist across parameter updates.
+
+    Args:
+        hamiltonian: gives the Hilbert space (sector) and the lattice bonds proposals use.
+        n_samples: samples per call, in total over chains; a multiple of ``n_chains``.
+        n_chains: chains advanced in parallel.
+        sweep_size: proposals per chain between kept samples; default ``n_sites``.
+        n_discard: thermalisation sweeps per chain at the start of every call (after each
+            parameter update).
+        rule: ``auto`` | ``exchange`` | ``exchange_global`` | ``hop``.
+        seed: seeds the sampler's ``torch.Generator`` (chain initialisation and moves).
+    """
+
+    def __init__(
+        self,
+        hamiltonian,
+        *,
+        n_samples: int,
+        n_chains: int,
+        sweep_size: int | None = None,
+        n_discard: int = 5,
+        rule: str = "auto",
+        seed: int = 0,
+    ):
+        self.hilbert = hamiltonian.hilbert
+        self.n_sites = self.hilbert.n_sites
+        _check_counts(n_samples, n_chains, sweep_size, n_discard)
+        self.n_samples, self.n_chains = int(n_samples), int(n_chains)
+        self.n_per_chain = self.n_samples // self.n_chains
+        self.sweep_size = self.n_sites if sweep_size is None else int(sweep_size)
+        self.n_discard = int(n_discard)
+        self.rule = _resolve_rule(rule, self.hilbert)
+        self._moves = _move_table(self.rule, hamiltonian)  # (n_moves, 2) int64
+        self.seed = int(seed)
+        self._generator: torch.Generator | None = None
+        self._chains: torch.Tensor | None = None
+        self._pending_state: dict | None = None
+
+    # ---------------------------------------------------------------- state
+    def _initialise(self, device: torch.device, dtype: torch.dtype):
+        if self._generator is None or self._generator.device != device:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self.seed)
+            self._chains = None
+        if self._pending_state is not None:
+            self._generator.set_state(self._pending_state["generator"])
+            self._chains = self._pending_state["chains"]
+            self._pending_state = None
+        if self._chains is None:
+            self._chains = self.hilbert.random_states(self.n_chains, self._generator)
+        self._chains = self._chains.to(device=device, dtype=dtype)
+        self._move_index = torch.as_tensor(self._moves, device=device)
+
+    def state_dict(self) -> dict:
+        """Returns the chains (CPU, float64) and the generator state, for checkpoints."""
+        if self._pending_state is not None:
+            return dict(self._pending_state)
+        if self._chains is None:
+            return {}
+        return {
+            "chains": self._chains.detach().to("cpu", torch.float64),
+            "generator": self._generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict):
+        """Restores chains and generator state from `state_dict` (applied at the next call)."""
+        if not state:
+            return
+        chains = torch.as_tensor(state["chains"], dtype=torch.float64)
+        if chains.shape != (self.n_chains, self.n_sites):
+            raise ValueError(
+                f"sampler state holds chains of shape {tuple(chains.shape)}; this sampler has "
+                f"sampler.n_chains={self.n_chains} on {self.n_sites} sites"
+            )
+        self._pending_state = {"chains": chains, "generator": state["generator"]}
+        if self._generator is not None:
+            self._initialise(self._generator.device, self._chains.dtype)
+
+    # ------------------------------------------------------------- sampling
+    @torch.no_grad()
+    def sample(self, model, n_discard: int | None = None) -> Samples:
+        """Returns `Samples` ``(n_chains, n_per_chain, N)`` drawn from ``|ψ|²`` of ``model``.
+
+        Runs ``n_discard`` sweeps, then keeps the chain states after each further sweep of
+        ``sweep_size`` proposals. The chains' final states carry over to the next call.
+
+        Args:
+            model: ``(B, N) -> log ψ (B,)``.
+            n_discard: overrides the thermalisation sweeps for this call (e.g. 0 to
+                continue chains with unchanged parameters).
+        """
+        device, dtype = _model_device_dtype(model)
+        self._initialise(device, dtype)
+        n_discard = self.n_discard if n_discard is None else n_discard
+        x = self._chains
+        log_psi = evaluate_log_psi(model, x)  # cached for the current chain states
+        accepted = torch.zeros((), dtype=torch.int64, device=device)
+        for _ in range(n_discard * self.sweep_size):
+            x, log_psi, accepted = self._metropolis_step(model, x, log_psi, accepted)
+        samples_x = torch.empty(
+            (self.n_chains, self.n_per_chain, self.n_sites), dtype=dtype, device=device
+        )
+        samples_log_psi = torch.empty(
+            (self.n_chains, self.n_per_chain), dtype=log_psi.dtype, device=device
+        )
+        for s in range(self.n_per_chain):
+            for _ in range(self.sweep_size):
+                x, log_psi, accepted = self._metropolis_step(model, x, log_psi, accepted)
+            samples_x[:, s] = x
+            samples_log_psi[:, s] = log_psi
+        self._chains = x
+        n_proposals = self.n_chains * self.sweep_size * (n_discard + self.n_per_chain)
+        counts = torch.stack(
+            [accepted.to(torch.float64), torch.tensor(float(n_proposals), device=device)]
+        )
+        total = reduce_sum(counts)
+        acceptance = float(total[0] / total[1])  # the one host-device sync of the call
+        return Samples(samples_x, samples_log_psi, None, acceptance)
+
+    def _metropolis_step(self, model, x, log_psi, accepted):
+        x_new, valid = self._propose(x)
+        log_psi_new = evaluate_log_psi(model, x_new)
+        log_ratio = 2 * (log_psi_new - log_psi).real
+        log_u = torch.log(torch.rand(x.shape[0], generator=self._generator, device=x.device))
+        accept = valid & (log_u < log_ratio)  # NaN ratios compare False: rejected
+        x = torch.where(accept[:, None], x_new, x)
+        log_psi = torch.where(accept, log_psi_new, log_psi)
+        return x, log_psi, accepted + accept.sum()
+
+    def _propose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns proposed configurations ``(C, N)`` and whether each move is valid ``(C,)``."""
+        if self.rule == "exchange_global":
+            return _propose_exchange_global(x, self._generator, self.hilbert)
+        pick = torch.randint(
+            len(self._moves), (x.shape[0],), generator=self._generator, device=x.device
+        )
+        src, dst = self._move_index[pick, 0:1], self._move_index[pick, 1:2]  # (C, 1) each
+        x_src, x_dst = x.gather(1, src), x.gather(1, dst)  # (C, 1) each
+        if self.rule == "exchange":
+            valid = x_src != x_dst
+            x_new = x.scatter(1, src, x_dst).scatter_(1, dst, x_src)
+        else:  # hop: one particle src -> dst
+            valid = (x_src > 0) & (x_dst < self.hilbert.n_max)
+            step = valid.to(x.dtype)
+            x_new = x.scatter(1, src, x_src - step).scatter_(1, dst, x_dst + step)
+        return x_new, valid[:, 0]
+        return x_new, valid
+
+
+def _propose_exchange_global(x, generator, hilbert):
+    # Argmax of iid uniform keys over a set picks a uniform member; up and down sets are
+    # disjoint, so the two picks are independent: probability 1/(n_up n_down) both ways.
+    keys = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float64)
+    up = keys.masked_fill(x < 0, -1.0).argmax(dim=1, keepdim=True)  # (C, 1)
+    down = keys.masked_fill(x > 0, -1.0).argmax(dim=1, keepdim=True)
+    x_new = x.scatter(1, up, -1.0).scatter_(1, down, 1.0)
+    has_pair = 0 < hilbert.n_up < hilbert.n_sites
+    valid = torch.full((x.shape[0],), has_pair, dtype=torch.bool, device=x.device)
+    return x_new, valid
+
+
+def _check_counts(n_samples, n_chains, sweep_size, n_discard):
+    for key, value in (("n_samples", n_samples), ("n_chains", n_chains)):
+        if int(value) != value or value < 1:
+            raise ValueError(f"sampler.{key}={value} must be a positive integer")
+    if n_samples % n_chains:
+        raise ValueError(
+            f"sampler.n_samples={n_samples} must be a multiple of sampler.n_chains={n_chains}"
+        )
+    if sweep_size is not None and (int(sweep_size) != sweep_size or sweep_size < 1):
+        raise ValueError(f"sampler.sweep_size={sweep_size} must be a positive integer")
+    if int(n_discard) != n_discard or n_discard < 0:
+        raise ValueError(f"sampler.n_discard={n_discard} must be an integer >= 0")
+
+
+def _resolve_rule(rule: str, hilbert) -> str:
+    if rule not in RULES:
+        raise ValueError(f"sampler.rule={rule!r} is not one of {list(RULES)}")
+    is_spin = isinstance(hilbert, SpinHalf)
+    if rule == "auto":
+        return "exchange" if is_spin else "hop"
+    if (rule == "hop") == is_spin:
+        allowed = ["exchange", "exchange_global"] if is_spin else ["hop"]
+        kind = "spin" if is_spin else "boson"
+        raise ValueError(f"sampler.rule={rule!r} does not apply to a {kind} model; use {allowed}")
+    return rule
+
+
+def _move_table(rule: str, hamiltonian) -> np.ndarray:
+    """Returns the site pairs ``(n_moves, 2)`` a move picks from: bonds, or directed bonds."""
+    lattice = hamiltonian.lattice
+    if rule == "exchange_global":
+        return np.zeros((1, 2), dtype=np.int64)  # unused
+    bonds = lattice.bonds(1)
+    if rule == "exchange" and getattr(hamiltonian, "J2", 0.0) != 0.0:
+        bonds = np.concatenate([bonds, lattice.bonds(2)])
+    if rule == "hop":
+        bonds = np.concatenate([bonds, bonds[:, ::-1]])  # both directions
+    if len(bonds) == 0:
+        raise ValueError(
+            f"sampler.rule={rule!r} needs lattice bonds; shape={list(lattice.shape)} has none"
+        )
+    return np.ascontiguousarray(bonds, dtype=np.int64)
+
+
+class ExactSampler:
+    """Full enumeration of the sector: every state with weight ``|ψ(x)|² / Σ_x |ψ(x)|²``.
+
+    For tests and tiny systems; expectation values become exact weighted sums.
+
+    Args:
+        hilbert: a Hilbert space with ``all_states()``.
+        chunk_size: states per forward pass; None for one pass.
+    """
+
+    def __init__(self, hilbert: SpinHalf | Bosons, chunk_size: int | None = None):
+        self.hilbert = hilbert
+        self.n_sites = hilbert.n_sites
+        self.n_samples = hilbert.dimension
+        self.n_chains = 1
+        self.chunk_size = chunk_size
+        self._states_np = hilbert.all_states()
+        self._states: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def sample(self, model, n_discard: int | None = None) -> Samples:
+        """Returns all states ``(1, D, N)``, their log ψ, and weights ``(1, D)``."""
+        device, dtype = _model_device_dtype(model)
+        if self._states is None or self._states.device != device or self._states.dtype != dtype:
+            self._states = torch.as_tensor(self._states_np, dtype=dtype, device=device)
+        log_psi = evaluate_log_psi(model, self._states, self.chunk_size)
+        weights = torch.softmax(2 * log_psi.real.to(torch.float64), dim=0)
+        return Samples(self._states[None], log_psi[None], weights[None], math.nan)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict):
+        pass

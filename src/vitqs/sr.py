@@ -1,0 +1,237 @@
+"""Stochastic reconfiguration: log-derivatives, the SR and minSR solves, schedules, Adam.
+
+Pure tensor functions except `log_derivatives` and the parameter-vector helpers, which
+read a model. Parameters θ are real; ``log ψ`` is complex. With ``O_k(x) = ∂ log ψ(x)/∂θ_k``,
+weights ``p(x)`` (``1/N_s`` for Monte Carlo samples, ``|ψ|²/Σ|ψ|²`` for the full sum),
+``⟨·⟩ = Σ_x p(x) ·``, centred ``Ō = O − ⟨O⟩`` and ``ε = E_loc − ⟨E_loc⟩``:
+
+    S = Re⟨Ō† Ō⟩,    F = Re⟨Ō† ε⟩,    δθ = −η (S + λ I)⁻¹ F.
+
+The energy gradient with respect to real θ is ``∂E/∂θ = 2F``; SR absorbs the 2 into η
+(``δθ = −η S⁻¹F`` is an imaginary-time step ``dτ = η``; plain gradient descent at rate η/2
+follows ``−2F``). Adam is fed the true gradient ``2F``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call, jacrev, vmap
+
+from vitqs.estimators import reduce_sum, sample_mean
+
+METHODS = ("auto", "sr", "minsr")
+SCHEDULES = ("constant", "exponential", "cosine")
+
+
+# ------------------------------------------------------------------ parameters
+def trainable_parameters(model) -> dict[str, torch.Tensor]:
+    """Returns the model's trainable parameters by name, in ``named_parameters`` order."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def parameter_vector(model) -> torch.Tensor:
+    """Returns the trainable parameters flattened into one vector ``(P,)`` (a detached copy)."""
+    return torch.cat([p.detach().reshape(-1) for p in trainable_parameters(model).values()]).clone()
+
+
+@torch.no_grad()
+def set_parameter_vector(model, vector: torch.Tensor):
+    """Writes a vector ``(P,)`` (from `parameter_vector` order) into the trainable parameters."""
+    start = 0
+    for p in trainable_parameters(model).values():
+        p.copy_(vector[start : start + p.numel()].reshape(p.shape).to(p.dtype))
+        start += p.numel()
+
+
+# ------------------------------------------------------------- log-derivatives
+def log_derivatives(model, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+    """Returns ``O_k(x) = ∂ log ψ(x)/∂θ_k`` as complex128 ``(N_s, P)``.
+
+    One ``jacrev`` per sample of the real and imaginary parts of ``log ψ``, vectorised over
+    samples with ``vmap``; columns follow `parameter_vector` order.
+
+    Args:
+        model: ``(B, N) -> log ψ (B,)`` with real parameters; must be ``vmap``-compatible.
+        x: configurations ``(N_s, N)``.
+        chunk_size: samples per vectorised call; None for all at once.
+    """
+    params = {name: p.detach() for name, p in trainable_parameters(model).items()}
+    buffers = dict(model.named_buffers())
+
+    def log_psi_parts(params, x_one):  # (N,) -> (2,): Re and Im of log ψ
+        out = functional_call(model, (params, buffers), (x_one.unsqueeze(0),))[0]
+        imag = out.imag if out.is_complex() else torch.zeros_like(out)
+        return torch.stack([out.real, imag])
+
+    jacobian = vmap(jacrev(log_psi_parts), in_dims=(None, 0))
+    step = x.shape[0] if chunk_size is None else chunk_size
+    parts = []
+    for start in range(0, x.shape[0], step):
+        jac = jacobian(params, x[start : start + step])  # name -> (B, 2, *shape)
+        flat = torch.cat([j.reshape(j.shape[0], 2, -1) for j in jac.values()], dim=2)  # (B, 2, P)
+        flat = flat.to(torch.float64)
+        parts.append(torch.complex(flat[:, 0], flat[:, 1]))
+    return torch.cat(parts)
+
+
+# ------------------------------------------------------------------ SR solves
+def _weights_or_uniform(n_samples: int, weights, device) -> torch.Tensor:
+    if weights is not None:
+        return weights.reshape(-1).to(torch.float64)
+    count = reduce_sum(torch.tensor(float(n_samples), dtype=torch.float64, device=device))
+    return torch.full((n_samples,), 1.0, dtype=torch.float64, device=device) / count
+
+
+def _scaled_centred(jac, e_loc, weights):
+    """Returns ``X = [Re Ō; Im Ō] √p`` ``(2N_s, P)`` and ``e = [Re ε; Im ε] √p`` ``(2N_s,)``."""
+    jac = jac.to(torch.complex128)
+    e_loc = e_loc.reshape(-1).to(torch.complex128)
+    p = _weights_or_uniform(jac.shape[0], weights, jac.device)
+    flat_w = None if weights is None else p
+    sqrt_p = p.sqrt()
+    jac_centred = (jac - sample_mean(jac, flat_w)) * sqrt_p[:, None]  # (N_s, P)
+    eps = (e_loc - sample_mean(e_loc, flat_w)) * sqrt_p  # (N_s,)
+    X = torch.cat([jac_centred.real, jac_centred.imag])  # (2N_s, P)
+    e = torch.cat([eps.real, eps.imag])  # (2N_s,)
+    return X, e
+
+
+def quantum_geometric_tensor(jac, weights=None) -> torch.Tensor:
+    """Returns ``S = Re⟨Ō† Ō⟩`` ``(P, P)`` float64 from log-derivatives ``(N_s, P)``."""
+    X, _ = _scaled_centred(jac, torch.zeros(jac.shape[0], device=jac.device), weights)
+    return reduce_sum(X.T @ X)
+
+
+def force(jac, e_loc, weights=None) -> torch.Tensor:
+    """Returns ``F = Re⟨Ō† ε⟩`` ``(P,)`` float64; the energy gradient is ``2F``."""
+    X, e = _scaled_centred(jac, e_loc, weights)
+    return reduce_sum(X.T @ e)
+
+
+def natural_gradient(
+    jac: torch.Tensor,
+    e_loc: torch.Tensor,
+    *,
+    diag_shift: float,
+    weights: torch.Tensor | None = None,
+    method: str = "auto",
+) -> torch.Tensor:
+    """Returns ``g = (S + λI)⁻¹ F`` ``(P,)`` float64; apply ``θ ← θ − η g``.
+
+    Two identical forms (push-through identity ``(XᵀX + λ)⁻¹Xᵀ = Xᵀ(XXᵀ + λ)⁻¹``), with
+    ``X = [Re Ō; Im Ō] √p`` ``(2N_s, P)`` and ``e = [Re ε; Im ε] √p`` so that ``S = XᵀX`` and
+    ``F = Xᵀe`` (``√p = 1/√N_s`` for Monte Carlo samples):
+
+    - ``sr``: ``g = (XᵀX + λI_P)⁻¹ Xᵀe``, a ``P × P`` solve;
+    - ``minsr`` (kernel / NTK form; Chen & Heyl, Nat. Phys. 2024; Rende et al., Commun.
+      Phys. 2024): ``g = Xᵀ (XXᵀ + λI_{2N_s})⁻¹ e``, a ``2N_s × 2N_s`` solve;
+    - ``auto``: the smaller of the two.
+
+    Solved in float64 by Cholesky, falling back to an eigendecomposition pseudo-inverse when
+    the shifted matrix is not numerically positive definite (e.g. ``λ = 0``).
+
+    Args:
+        jac: log-derivatives ``(N_s, P)`` complex.
+        e_loc: local energies ``(N_s,)`` complex.
+        diag_shift: λ ≥ 0.
+        weights: ``(N_s,)`` exact weights summing to 1, or None for ``1/N_s``.
+        method: ``auto`` | ``sr`` | ``minsr``.
+    """
+    if method not in METHODS:
+        raise ValueError(f"optimizer.method={method!r} is not one of {list(METHODS)} (or 'adam')")
+    X, e = _scaled_centred(jac, e_loc, weights)
+    n_rows, n_params = X.shape
+    if method == "auto":
+        method = "minsr" if n_rows < n_params else "sr"
+    if method == "sr":
+        S = reduce_sum(X.T @ X)
+        return solve_shifted(S, reduce_sum(X.T @ e), diag_shift)
+    return X.T @ solve_shifted(X @ X.T, e, diag_shift)
+
+
+def solve_shifted(A: torch.Tensor, b: torch.Tensor, diag_shift: float) -> torch.Tensor:
+    """Returns ``(A + λI)⁻¹ b`` for symmetric positive semi-definite ``A``, in float64."""
+    A = A.to(torch.float64)
+    b = b.to(torch.float64)
+    shifted = A + diag_shift * torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+    factor, info = torch.linalg.cholesky_ex(shifted)
+    if int(info) == 0:
+        return torch.cholesky_solve(b[:, None], factor)[:, 0]
+    evals, evecs = torch.linalg.eigh(shifted)
+    cutoff = evals.abs().max() * shifted.shape[0] * torch.finfo(torch.float64).eps
+    inverse = torch.where(evals.abs() > cutoff, 1 / evals, torch.zeros_like(evals))
+    return evecs @ (inverse * (evecs.T @ b))
+
+
+def energy_gradient(jac, e_loc, weights=None) -> torch.Tensor:
+    """Returns ``∂E/∂θ = 2F`` ``(P,)`` float64, the gradient a plain optimizer follows."""
+    return 2 * force(jac, e_loc, weights)
+
+
+# ----------------------------------------------------------------- schedules
+@dataclass(frozen=True)
+class Schedule:
+    """A value per step: ``constant``, or from ``initial`` to ``final`` over ``n_steps``.
+
+    With ``t = min(step, n_steps)/n_steps``: exponential ``initial·(final/initial)^t``;
+    cosine ``final + (initial − final)(1 + cos πt)/2``. After ``n_steps`` it stays at final.
+    """
+
+    initial: float
+    final: float | None = None
+    kind: str = "constant"
+    n_steps: int = 1
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"schedule kind {self.kind!r} is not one of {list(SCHEDULES)}")
+        if self.kind != "constant" and self.final is None:
+            raise ValueError(f"a {self.kind} schedule from {self.initial} needs a final value")
+        if self.kind == "exponential" and not (self.initial > 0 and self.final > 0):
+            raise ValueError(
+                f"an exponential schedule needs positive values, got {self.initial} -> {self.final}"
+            )
+        if self.n_steps < 1:
+            raise ValueError(f"schedule n_steps={self.n_steps} must be >= 1")
+
+    def __call__(self, step: int) -> float:
+        if self.kind == "constant":
+            return float(self.initial)
+        t = min(step, self.n_steps) / self.n_steps
+        if self.kind == "exponential":
+            return float(self.initial * (self.final / self.initial) ** t)
+        return float(self.final + (self.initial - self.final) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+# ---------------------------------------------------------------------- Adam
+class Adam:
+    """Adam moments (Kingma & Ba, 2015): `direction` gives ``m̂ / (√v̂ + eps)``; apply
+    ``θ ← θ − η · direction(∂E/∂θ)``."""
+
+    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.betas, self.eps = tuple(betas), float(eps)
+        self.step = 0
+        self.m: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def direction(self, grad: torch.Tensor) -> torch.Tensor:
+        """Returns the bias-corrected Adam direction ``(P,)`` and advances the moments."""
+        b1, b2 = self.betas
+        if self.m is None:
+            self.m, self.v = torch.zeros_like(grad), torch.zeros_like(grad)
+        self.step += 1
+        self.m = b1 * self.m + (1 - b1) * grad
+        self.v = b2 * self.v + (1 - b2) * grad**2
+        m_hat = self.m / (1 - b1**self.step)
+        v_hat = self.v / (1 - b2**self.step)
+        return m_hat / (v_hat.sqrt() + self.eps)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "m": self.m, "v": self.v, "betas": self.betas, "eps": self.eps}
+
+    def load_state_dict(self, state: dict):
+        self.step, self.m, self.v = int(state["step"]), state["m"], state["v"]
+        self.betas, self.eps = tuple(state["betas"]), float(state["eps"])

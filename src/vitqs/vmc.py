@@ -1,0 +1,291 @@
+"""The variational Monte Carlo loop, as a generator of step results; no I/O inside.
+
+Each step: sample ``|ψ|²`` → local energies → statistics → log-derivatives → SR / minSR
+solve (or Adam) → ``θ ← θ − η g``. Loggers, checkpoints and progress bars live outside and
+consume the yielded `StepResult`s.
+
+NaN guard: a step whose energy is not finite undoes the previous update (the parameters
+return to where the energy was last finite), one whose update is not finite is not applied;
+the step is then retried with the diagonal shift ×10 per failure (Adam: the learning rate
+÷10). After ``max_retries`` consecutive failures the run stops with `NonFiniteEnergyError`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from vitqs.estimators import Stats, local_energy, statistics
+from vitqs.sampler import ExactSampler, Samples
+from vitqs.sr import (
+    METHODS,
+    SCHEDULES,
+    Adam,
+    Schedule,
+    energy_gradient,
+    log_derivatives,
+    natural_gradient,
+    parameter_vector,
+    set_parameter_vector,
+)
+
+
+class NonFiniteEnergyError(RuntimeError):
+    """The energy or the update stayed non-finite after every retry.
+
+    Attributes:
+        step: the step that failed.
+        last_energy: the last finite energy (None if there was none).
+    """
+
+    def __init__(self, step: int, last_energy: float | None, n_retries: int):
+        self.step, self.last_energy = step, last_energy
+        last = "none" if last_energy is None else f"{last_energy:.10g}"
+        super().__init__(
+            f"step {step}: energy or update not finite after {n_retries} retries with a raised "
+            f"diagonal shift; last finite energy {last}. Lower optimizer.lr or raise "
+            "optimizer.diag_shift."
+        )
+
+
+@dataclass
+class OptimizerSettings:
+    """How parameters move; field names are the ``optimizer`` config keys.
+
+    Attributes:
+        method: ``auto`` | ``sr`` | ``minsr`` (natural gradient) or ``adam``.
+        lr: learning rate η (initial value when scheduled).
+        lr_final, lr_schedule: final value and ``constant`` | ``exponential`` | ``cosine``.
+        diag_shift: λ added to S (or to the kernel) (initial value when scheduled).
+        diag_shift_final, diag_shift_schedule: as for the learning rate.
+        n_iter: number of steps; schedules run over it.
+        max_retries: consecutive non-finite retries before the run stops.
+    """
+
+    method: str = "auto"
+    lr: float = 0.02
+    lr_final: float | None = None
+    lr_schedule: str = "constant"
+    diag_shift: float = 1e-3
+    diag_shift_final: float | None = None
+    diag_shift_schedule: str = "constant"
+    n_iter: int = 200
+    max_retries: int = 5
+
+    def __post_init__(self):
+        if self.method not in (*METHODS, "adam"):
+            raise ValueError(f"optimizer.method={self.method!r} is not one of {[*METHODS, 'adam']}")
+        for key in ("lr_schedule", "diag_shift_schedule"):
+            if getattr(self, key) not in SCHEDULES:
+                raise ValueError(
+                    f"optimizer.{key}={getattr(self, key)!r} is not one of {list(SCHEDULES)}"
+                )
+        if self.lr <= 0 or self.diag_shift < 0:
+            raise ValueError(
+                f"optimizer.lr={self.lr} must be > 0 and "
+                f"optimizer.diag_shift={self.diag_shift} >= 0"
+            )
+        if self.n_iter < 1 or self.max_retries < 0:
+            raise ValueError(
+                f"optimizer.n_iter={self.n_iter} must be >= 1, max_retries={self.max_retries} >= 0"
+            )
+
+    def lr_at(self, step: int) -> float:
+        return Schedule(self.lr, self.lr_final, self.lr_schedule, self.n_iter)(step)
+
+    def diag_shift_at(self, step: int) -> float:
+        schedule = Schedule(
+            self.diag_shift, self.diag_shift_final, self.diag_shift_schedule, self.n_iter
+        )
+        return schedule(step)
+
+
+@dataclass
+class StepResult:
+    """What one optimisation step measured; the energy is that of the parameters before it.
+
+    Attributes:
+        step: step index (0-based).
+        energy: `Stats` of the local energies.
+        acceptance: Metropolis acceptance rate (NaN for the exact sampler).
+        update_norm: ``‖δθ‖`` of the applied update.
+        lr, diag_shift: values used (after any NaN-guard raise).
+        n_retries: non-finite attempts before this one succeeded.
+        timings: seconds per phase: ``sampling``, ``local_energy``, ``jacobian``, ``solve``.
+    """
+
+    step: int
+    energy: Stats
+    acceptance: float
+    update_norm: float
+    lr: float
+    diag_shift: float
+    n_retries: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class VMC:
+    """Ground-state optimisation of ``model`` for ``hamiltonian``; iterate `run` for steps.
+
+    Args:
+        hamiltonian: follows the operator contract.
+        model: ``(B, N) -> log ψ (B,)`` with real parameters.
+        sampler: a `MetropolisSampler`, or an `ExactSampler` for full-sum mode.
+        settings: `OptimizerSettings`.
+        chunk_size: samples per forward pass in local energies and log-derivatives.
+    """
+
+    def __init__(
+        self, hamiltonian, model, sampler, settings: OptimizerSettings, *, chunk_size=None
+    ):
+        self.hamiltonian, self.model, self.sampler = hamiltonian, model, sampler
+        self.settings = settings
+        self.chunk_size = chunk_size
+        self.step_count = 0
+        self.adam = Adam() if settings.method == "adam" else None
+        self._last_good: tuple[torch.Tensor, dict | None] | None = None  # before last update
+        self._last_energy: float | None = None
+
+    def run(self, n_iter: int | None = None) -> Iterator[StepResult]:
+        """Yields one `StepResult` per step, ``n_iter`` steps (default ``settings.n_iter``)."""
+        for _ in range(self.settings.n_iter if n_iter is None else n_iter):
+            yield self.step()
+
+    def step(self) -> StepResult:
+        """Returns the result of one guarded step; raises `NonFiniteEnergyError`."""
+        for n_retries in range(self.settings.max_retries + 1):
+            result = self._attempt(boost=10.0**n_retries)
+            if result is not None:
+                result.n_retries = n_retries
+                self.step_count += 1
+                return result
+        raise NonFiniteEnergyError(self.step_count, self._last_energy, self.settings.max_retries)
+
+    def _attempt(self, boost: float) -> StepResult | None:
+        timings = {}
+        start = time.perf_counter()
+        samples = self.sampler.sample(self.model)
+        timings["sampling"] = _lap(start)
+        start = time.perf_counter()
+        e_loc = local_energy(
+            self.hamiltonian, self.model, samples.x, samples.log_psi, self.chunk_size
+        )
+        stats = statistics(e_loc, samples.weights)
+        timings["local_energy"] = _lap(start)
+        if not math.isfinite(abs(stats.mean)):
+            self._undo_last_update()
+            return None
+        lr, diag_shift = self._hyperparameters(boost)
+        theta, adam_before = parameter_vector(self.model), _copy_state(self.adam)
+        update = self._update(samples, e_loc, diag_shift, timings)
+        if not bool(torch.isfinite(update).all()):
+            if adam_before is not None:
+                self.adam.load_state_dict(adam_before)
+            return None  # nothing applied
+        self._last_good = (theta, adam_before)
+        set_parameter_vector(self.model, theta - lr * update)
+        self._last_energy = stats.mean.real
+        return StepResult(
+            step=self.step_count,
+            energy=stats,
+            acceptance=samples.acceptance,
+            update_norm=float(lr * update.norm()),
+            lr=lr,
+            diag_shift=diag_shift,
+            timings=timings,
+        )
+
+    def _hyperparameters(self, boost: float) -> tuple[float, float]:
+        lr = self.settings.lr_at(self.step_count)
+        diag_shift = self.settings.diag_shift_at(self.step_count)
+        if self.adam is not None:
+            return lr / boost, diag_shift
+        return lr, diag_shift * boost
+
+    def _update(self, samples: Samples, e_loc, diag_shift, timings) -> torch.Tensor:
+        """Returns the direction ``g`` (apply ``θ ← θ − η g``), float64 ``(P,)``."""
+        start = time.perf_counter()
+        x = samples.x.reshape(-1, samples.x.shape[-1])
+        jac = log_derivatives(self.model, x, self.chunk_size)  # (N_s, P)
+        timings["jacobian"] = _lap(start)
+        start = time.perf_counter()
+        weights = None if samples.weights is None else samples.weights.reshape(-1)
+        if self.adam is None:
+            update = natural_gradient(
+                jac,
+                e_loc.reshape(-1),
+                diag_shift=diag_shift,
+                weights=weights,
+                method=self.settings.method,
+            )
+        else:
+            update = self.adam.direction(energy_gradient(jac, e_loc.reshape(-1), weights))
+        timings["solve"] = _lap(start)
+        return update
+
+    def _undo_last_update(self):
+        if self._last_good is None:
+            return
+        theta, adam_state = self._last_good
+        set_parameter_vector(self.model, theta)
+        if adam_state is not None:
+            self.adam.load_state_dict(adam_state)
+
+    def state_dict(self) -> dict:
+        """Returns the step counter, Adam moments and last good state, for checkpoints."""
+        return {
+            "step": self.step_count,
+            "adam": _copy_state(self.adam),
+            "last_energy": self._last_energy,
+            "last_good": self._last_good,
+        }
+
+    def load_state_dict(self, state: dict):
+        self.step_count = int(state["step"])
+        if state.get("adam") is not None and self.adam is not None:
+            self.adam.load_state_dict(state["adam"])
+        self._last_energy = state.get("last_energy")
+        self._last_good = state.get("last_good")
+
+
+def optimize(
+    hamiltonian, model, sampler, settings: OptimizerSettings, n_iter=None, *, chunk_size=None
+):
+    """Yields a `StepResult` per step; shorthand for ``VMC(...).run(n_iter)``."""
+    yield from VMC(hamiltonian, model, sampler, settings, chunk_size=chunk_size).run(n_iter)
+
+
+def final_estimate(
+    hamiltonian, model, sampler, *, n_samples: int | None = None, chunk_size=None
+) -> Stats:
+    """Returns the energy `Stats` of the current parameters from ``n_samples`` samples.
+
+    Draws ``ceil(n_samples / sampler.n_samples)`` batches and joins them along each chain
+    (the later batches continue the chains without discarding); the exact sampler gives
+    the exact energy in one pass.
+    """
+    n_samples = sampler.n_samples if n_samples is None else n_samples
+    exact = isinstance(sampler, ExactSampler)
+    n_batches = 1 if exact else math.ceil(n_samples / sampler.n_samples)
+    batches = [sampler.sample(model, n_discard=None if b == 0 else 0) for b in range(n_batches)]
+    x = torch.cat([s.x for s in batches], dim=1)
+    log_psi = torch.cat([s.log_psi for s in batches], dim=1)
+    e_loc = local_energy(hamiltonian, model, x, log_psi, chunk_size)
+    return statistics(e_loc, batches[0].weights)
+
+
+def _lap(start: float) -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _copy_state(adam: Adam | None) -> dict | None:
+    if adam is None:
+        return None
+    state = adam.state_dict()
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}

@@ -1,0 +1,157 @@
+"""Local energies against the dense Hamiltonian; statistics of correlated chains; V-score."""
+
+import numpy as np
+import pytest
+import torch
+from _vmc_helpers import ComplexRBM, LookupTable, exact_ground_state, model_vector
+
+from vitqs.estimators import (
+    Stats,
+    evaluate_log_psi,
+    local_energy,
+    sample_mean,
+    statistics,
+    v_score,
+)
+from vitqs.lattice import Lattice
+from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.sampler import ExactSampler
+
+HAMILTONIANS = {
+    "heisenberg_chain": lambda: Heisenberg(Lattice((6,))),
+    "heisenberg_j1j2_sign_rule": lambda: Heisenberg(Lattice((6,)), J2=0.4, sign_rule=True),
+    "heisenberg_square_sz1": lambda: Heisenberg(Lattice((2, 4)), J2=0.5, total_sz=1.0),
+    "bose_hubbard": lambda: BoseHubbard(Lattice((4,)), U=3.0, mu=0.5, n_particles=4),
+    "bose_hubbard_cutoff": lambda: BoseHubbard(Lattice((2, 2)), U=2.0, n_particles=5, n_max=2),
+}
+
+
+@pytest.mark.parametrize("name", list(HAMILTONIANS))
+def test_exact_mean_of_local_energies_is_the_rayleigh_quotient(name):
+    hamiltonian = HAMILTONIANS[name]()
+    model = ComplexRBM(hamiltonian.n_sites, seed=11, scale=0.3)
+    samples = ExactSampler(hamiltonian.hilbert).sample(model)
+    e_loc = local_energy(hamiltonian, model, samples.x, samples.log_psi)
+    stats = statistics(e_loc, samples.weights)
+    psi = model_vector(model, hamiltonian.hilbert)
+    expected = np.vdot(psi, hamiltonian.to_dense() @ psi) / np.vdot(psi, psi)
+    assert stats.mean.real == pytest.approx(expected.real, rel=1e-12, abs=1e-12)
+    assert abs(stats.mean.imag) < 1e-12
+    assert stats.error_of_mean == 0.0
+
+
+@pytest.mark.parametrize("name", list(HAMILTONIANS))
+def test_exact_ground_state_has_zero_variance_local_energies(name):
+    hamiltonian = HAMILTONIANS[name]()
+    energy, vector = exact_ground_state(hamiltonian)
+    model = LookupTable.from_vector(hamiltonian.hilbert, vector)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    e_loc = local_energy(hamiltonian, model, x)
+    np.testing.assert_allclose(e_loc.numpy(), energy, atol=1e-9)
+
+
+def test_chunked_local_energies_are_identical():
+    hamiltonian = BoseHubbard(Lattice((4,)), n_particles=4)
+    model = ComplexRBM(4, seed=2)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    whole = local_energy(hamiltonian, model, x)
+    for chunk_size in (1, 7, 1000):
+        torch.testing.assert_close(
+            local_energy(hamiltonian, model, x, chunk_size=chunk_size), whole, rtol=1e-14, atol=0
+        )
+
+
+def test_known_log_psi_gives_the_same_local_energies_and_keeps_chain_shape():
+    hamiltonian = Heisenberg(Lattice((6,)))
+    model = ComplexRBM(6, seed=3)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states()[:18], dtype=torch.float64)
+    x = x.reshape(3, 6, 6)  # (chains, per chain, sites)
+    log_psi = evaluate_log_psi(model, x.reshape(-1, 6)).reshape(3, 6)
+    with_cache = local_energy(hamiltonian, model, x, log_psi)
+    assert with_cache.shape == (3, 6)
+    torch.testing.assert_close(with_cache, local_energy(hamiltonian, model, x))
+
+
+def test_local_energies_scale_with_the_couplings():
+    """E_loc(2J) = 2 E_loc(J): H is linear in its couplings."""
+    model = ComplexRBM(6, seed=5)
+    x = torch.as_tensor(Heisenberg(Lattice((6,))).hilbert.all_states(), dtype=torch.float64)
+    one = local_energy(Heisenberg(Lattice((6,)), J1=1.0, J2=0.3), model, x)
+    two = local_energy(Heisenberg(Lattice((6,)), J1=2.0, J2=0.6), model, x)
+    torch.testing.assert_close(two, 2 * one)
+
+
+def test_sample_mean_plain_and_weighted():
+    values = torch.tensor([[1.0, 2.0], [3.0, 5.0], [4.0, 8.0]], dtype=torch.float64)
+    torch.testing.assert_close(sample_mean(values), values.mean(dim=0))
+    weights = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    torch.testing.assert_close(sample_mean(values, weights), (weights[:, None] * values).sum(0))
+
+
+def _ar1_chains(n_chains, n_per_chain, rho, seed):
+    """Returns AR(1) chains ``x_t = ρ x_{t−1} + √(1−ρ²) η_t`` with unit stationary variance."""
+    gen = torch.Generator().manual_seed(seed)
+    noise = torch.randn(n_chains, n_per_chain, generator=gen, dtype=torch.float64)
+    chains = torch.empty_like(noise)
+    chains[:, 0] = noise[:, 0]
+    for t in range(1, n_per_chain):
+        chains[:, t] = rho * chains[:, t - 1] + np.sqrt(1 - rho**2) * noise[:, t]
+    return chains
+
+
+def test_statistics_of_independent_samples():
+    gen = torch.Generator().manual_seed(0)
+    values = 2.0 + 3.0 * torch.randn(32, 512, generator=gen, dtype=torch.float64)
+    stats = statistics(values)
+    assert stats.variance == pytest.approx(9.0, rel=0.05)
+    assert stats.error_of_mean == pytest.approx(3.0 / np.sqrt(values.numel()), rel=0.3)
+    assert abs(stats.mean.real - 2.0) < 4 * stats.error_of_mean
+    assert stats.tau_corr < 0.2
+    assert stats.r_hat == pytest.approx(1.0, abs=0.02)
+
+
+def test_statistics_of_correlated_chains():
+    """AR(1) with ρ: τ = Σ_{t≥1} ρ^t = ρ/(1−ρ); error of the mean √((1+2τ)/N)."""
+    rho = 0.8
+    chains = _ar1_chains(64, 1000, rho, seed=1)
+    stats = statistics(chains)
+    tau = rho / (1 - rho)
+    assert stats.tau_corr == pytest.approx(tau, rel=0.15)
+    assert stats.error_of_mean == pytest.approx(np.sqrt((1 + 2 * tau) / chains.numel()), rel=0.3)
+    single = statistics(chains[0])  # one chain: error from τ
+    assert single.error_of_mean == pytest.approx(np.sqrt((1 + 2 * tau) / 1000), rel=0.4)
+
+
+def test_error_bars_cover_the_spread_of_repeated_means():
+    means, errors = [], []
+    for seed in range(40):
+        stats = statistics(_ar1_chains(16, 200, 0.7, seed=100 + seed))
+        means.append(stats.mean.real)
+        errors.append(stats.error_of_mean)
+    assert np.std(means) == pytest.approx(np.mean(errors), rel=0.3)
+
+
+def test_r_hat_flags_chains_that_disagree():
+    gen = torch.Generator().manual_seed(2)
+    values = torch.randn(8, 200, generator=gen, dtype=torch.float64)
+    values[0] += 3.0  # one chain stuck elsewhere
+    assert statistics(values).r_hat > 1.1
+
+
+def test_complex_values_give_variance_of_the_modulus():
+    gen = torch.Generator().manual_seed(3)
+    values = torch.complex(
+        torch.randn(8, 100, generator=gen, dtype=torch.float64),
+        2 * torch.randn(8, 100, generator=gen, dtype=torch.float64),
+    )
+    stats = statistics(values)
+    expected = ((values - values.mean()).abs() ** 2).mean()
+    assert stats.variance == pytest.approx(float(expected))
+    assert isinstance(stats.mean, complex)
+
+
+def test_v_score():
+    stats = Stats(
+        mean=-4.0 + 0j, error_of_mean=0.0, variance=0.32, tau_corr=0.0, r_hat=1.0, n_samples=1
+    )
+    assert v_score(stats, n_sites=8) == pytest.approx(8 * 0.32 / 16)

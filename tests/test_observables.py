@@ -1,0 +1,173 @@
+"""Correlations and densities: samples vs exact vectors, sum rules, energies from correlations."""
+
+import numpy as np
+import pytest
+from _vmc_helpers import (  # single_thread: a fixture, used by name
+    ComplexRBM,
+    LookupTable,
+    exact_ground_state,
+    model_vector,
+    single_thread,  # noqa: F401
+)
+
+from vitqs.lattice import Lattice
+from vitqs.observables import (
+    boson_observables,
+    condensate_fraction,
+    exact_densities,
+    exact_density_correlations,
+    exact_one_body_density_matrix,
+    exact_spin_correlations,
+    momenta,
+    spin_observables,
+    structure_factor,
+)
+from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.sampler import ExactSampler, MetropolisSampler
+
+SPIN_CASES = {
+    "chain": lambda: Heisenberg(Lattice((6,))),
+    "chain_sign_rule": lambda: Heisenberg(Lattice((6,)), sign_rule=True),
+    "square_j1j2": lambda: Heisenberg(Lattice((4, 2)), J2=0.5),
+}
+
+
+def _spin_energy(hamiltonian, corr):
+    lattice = hamiltonian.lattice
+    bonds1, energy = lattice.bonds(1), 0.0
+    energy = hamiltonian.J1 * corr[bonds1[:, 0], bonds1[:, 1]].sum()
+    if hamiltonian.J2:
+        bonds2 = lattice.bonds(2)
+        energy += hamiltonian.J2 * corr[bonds2[:, 0], bonds2[:, 1]].sum()
+    return energy
+
+
+@pytest.mark.parametrize("name", list(SPIN_CASES))
+def test_ground_state_correlations_give_the_ground_state_energy(name):
+    """E0 = J1 Σ_<ij> ⟨S_i·S_j⟩ + J2 Σ_<<ij>> ⟨S_i·S_j⟩; a singlet has S(q=0) = S_tot²/N = 0."""
+    hamiltonian = SPIN_CASES[name]()
+    energy, vector = exact_ground_state(hamiltonian)
+    corr = exact_spin_correlations(
+        hamiltonian.hilbert, hamiltonian.lattice, vector, sign_rule=hamiltonian.sign_rule
+    )
+    assert _spin_energy(hamiltonian, corr) == pytest.approx(energy, abs=1e-10)
+    s_q = structure_factor(hamiltonian.lattice, corr)
+    assert s_q[0] == pytest.approx(0.0, abs=1e-10)
+    assert s_q.sum() == pytest.approx(0.75 * hamiltonian.n_sites)  # Σ_q S(q) = Σ_i S_i² = 3N/4
+
+
+def test_sign_rule_correlations_are_those_of_the_physical_state():
+    plain, rotated = Heisenberg(Lattice((6,))), Heisenberg(Lattice((6,)), sign_rule=True)
+    corr_plain = exact_spin_correlations(plain.hilbert, plain.lattice, exact_ground_state(plain)[1])
+    corr_rotated = exact_spin_correlations(
+        rotated.hilbert, rotated.lattice, exact_ground_state(rotated)[1], sign_rule=True
+    )
+    np.testing.assert_allclose(corr_rotated, corr_plain, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", list(SPIN_CASES))
+def test_spin_observables_under_the_exact_sampler_are_exact(name):
+    hamiltonian = SPIN_CASES[name]()
+    model = ComplexRBM(hamiltonian.n_sites, seed=4, scale=0.4)
+    samples = ExactSampler(hamiltonian.hilbert).sample(model)
+    result = spin_observables(hamiltonian, model, samples, chunk_size=7)
+    vector = model_vector(model, hamiltonian.hilbert)
+    corr = exact_spin_correlations(
+        hamiltonian.hilbert, hamiltonian.lattice, vector, sign_rule=hamiltonian.sign_rule
+    )
+    np.testing.assert_allclose(result["spin_correlations"].mean, corr, atol=1e-12)
+    np.testing.assert_allclose(
+        result["structure_factor"].mean, structure_factor(hamiltonian.lattice, corr), atol=1e-12
+    )
+    assert np.all(result["spin_correlations"].error == 0)
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_spin_observables_from_samples_agree_within_error_bars():
+    hamiltonian = Heisenberg(Lattice((6,)), sign_rule=True)
+    model = ComplexRBM(6, seed=4, scale=0.4)
+    sampler = MetropolisSampler(hamiltonian, n_samples=4096, n_chains=64, n_discard=10, seed=3)
+    result = spin_observables(hamiltonian, model, sampler.sample(model))
+    corr = exact_spin_correlations(
+        hamiltonian.hilbert, hamiltonian.lattice, model_vector(model, hamiltonian.hilbert), True
+    )
+    for key, exact in (("spin_correlations", corr), ("structure_factor", None)):
+        estimate = result[key]
+        exact = structure_factor(hamiltonian.lattice, corr) if exact is None else exact
+        off = ~np.isclose(estimate.error, 0)  # the diagonal S_i·S_i = 3/4 has no error
+        z = np.abs(estimate.mean - exact)[off] / estimate.error[off]
+        # entries are correlated with each other, so only the largest deviation is tested
+        assert z.max() < 4.5, f"{key}: {z.max():.2f} error bars off"
+
+
+def test_momenta_cover_the_brillouin_zone():
+    q = momenta(Lattice((4, 2)))
+    assert q.shape == (8, 2)
+    assert {tuple(np.round(row / (2 * np.pi), 3)) for row in q} == {
+        (nx / 4, ny / 2) for nx in range(4) for ny in range(2)
+    }
+
+
+BOSON_CASES = {
+    "chain": lambda: BoseHubbard(Lattice((4,)), U=3.0, n_particles=4),
+    "cutoff_square": lambda: BoseHubbard(Lattice((2, 2)), U=2.0, mu=0.3, n_particles=5, n_max=2),
+}
+
+
+@pytest.mark.parametrize("name", list(BOSON_CASES))
+def test_ground_state_densities_give_the_ground_state_energy(name):
+    """E0 = −J Σ_<ij> (ρ_ij + ρ_ji) + (U/2) Σ_i (⟨n_i²⟩ − ⟨n_i⟩) − μ N."""
+    hamiltonian = BOSON_CASES[name]()
+    hilbert = hamiltonian.hilbert
+    energy, vector = exact_ground_state(hamiltonian)
+    rho = exact_one_body_density_matrix(hilbert, vector)
+    nn = exact_density_correlations(hilbert, vector)
+    n = exact_densities(hilbert, vector)
+    bonds = hamiltonian.lattice.bonds(1)
+    kinetic = -hamiltonian.J * (rho[bonds[:, 0], bonds[:, 1]] + rho[bonds[:, 1], bonds[:, 0]]).sum()
+    interaction = hamiltonian.U / 2 * (np.diag(nn) - n).sum() - hamiltonian.mu * n.sum()
+    assert (kinetic + interaction).real == pytest.approx(energy, abs=1e-10)
+    np.testing.assert_allclose(np.diag(rho).real, n)
+    assert n.sum() == pytest.approx(hilbert.n_particles)
+    fraction = condensate_fraction(rho, hilbert.n_particles)
+    assert 1 / hilbert.n_sites - 1e-12 <= fraction <= 1 + 1e-12
+
+
+@pytest.mark.parametrize("name", list(BOSON_CASES))
+def test_boson_observables_under_the_exact_sampler_are_exact(name):
+    hamiltonian = BOSON_CASES[name]()
+    hilbert = hamiltonian.hilbert
+    model = ComplexRBM(hamiltonian.n_sites, seed=8, scale=0.3)
+    result = boson_observables(hamiltonian, model, ExactSampler(hilbert).sample(model))
+    vector = model_vector(model, hilbert)  # complex: checks ⟨b_i† b_j⟩ is not conjugated
+    np.testing.assert_allclose(
+        result["densities"].mean, exact_densities(hilbert, vector), atol=1e-12
+    )
+    np.testing.assert_allclose(
+        result["density_correlations"].mean, exact_density_correlations(hilbert, vector), atol=1e-12
+    )
+    rho = exact_one_body_density_matrix(hilbert, vector)
+    np.testing.assert_allclose(result["one_body_density_matrix"].mean, rho, atol=1e-12)
+    assert float(result["condensate_fraction"].mean) == pytest.approx(
+        condensate_fraction(rho, hilbert.n_particles)
+    )
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_boson_observables_from_samples_agree_within_error_bars():
+    hamiltonian = BoseHubbard(Lattice((4,)), U=3.0, n_particles=4)
+    hilbert = hamiltonian.hilbert
+    energy, vector = exact_ground_state(hamiltonian)
+    model = LookupTable.from_vector(hilbert, vector)
+    sampler = MetropolisSampler(hamiltonian, n_samples=4096, n_chains=64, n_discard=10, seed=5)
+    result = boson_observables(hamiltonian, model, sampler.sample(model))
+    exact = {
+        "densities": exact_densities(hilbert, vector),
+        "density_correlations": exact_density_correlations(hilbert, vector),
+        "one_body_density_matrix": exact_one_body_density_matrix(hilbert, vector),
+    }
+    exact["condensate_fraction"] = condensate_fraction(exact["one_body_density_matrix"], 4)
+    for key, value in exact.items():
+        estimate = result[key]
+        z = np.abs(estimate.mean - value) / np.maximum(estimate.error, 1e-12)
+        assert np.max(z) < 4.5, f"{key}: {np.max(z):.2f} error bars off"

@@ -1,0 +1,114 @@
+"""Metropolis and exact samplers: stationary distribution, conservation laws, checkpoints."""
+
+import numpy as np
+import pytest
+import torch
+from _vmc_helpers import ComplexRBM, model_vector, single_thread  # noqa: F401
+from scipy.stats import chisquare
+
+from vitqs.lattice import Lattice
+from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.sampler import ExactSampler, MetropolisSampler
+
+# A histogram is rejected below this p-value; seeds are fixed, so the test is deterministic.
+P_VALUE_THRESHOLD = 1e-3
+
+# (Hamiltonian, rule, RBM weight scale): scales keep |ψ|² spread out (max ≈ 0.1-0.2), so
+# that 30 thermalisation sweeps mix the chains; occupations up to 4 need a smaller scale.
+CASES = {
+    "exchange": (lambda: Heisenberg(Lattice((6,)), J2=0.5), "exchange", 0.25),
+    "exchange_open": (lambda: Heisenberg(Lattice((6,), pbc=False)), "exchange", 0.25),
+    "exchange_global": (lambda: Heisenberg(Lattice((3, 2))), "exchange_global", 0.25),
+    "hop": (lambda: BoseHubbard(Lattice((4,)), n_particles=4), "hop", 0.15),
+    "hop_cutoff": (lambda: BoseHubbard(Lattice((4,)), n_particles=4, n_max=2), "hop", 0.15),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.usefixtures("single_thread")
+def test_metropolis_histogram_matches_exact_distribution(case):
+    """Independent chains (one sample each, after thermalisation) follow |ψ|²/Σ|ψ|²."""
+    make_hamiltonian, rule, scale = CASES[case]
+    hamiltonian = make_hamiltonian()
+    hilbert = hamiltonian.hilbert
+    model = ComplexRBM(hilbert.n_sites, n_hidden=4, scale=scale, seed=3)
+    n_chains = 10000
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, rule=rule, seed=7
+    )
+    samples = sampler.sample(model)
+    counts = np.bincount(hilbert.state_index(samples.x[:, 0]), minlength=hilbert.dimension)
+    probabilities = np.abs(model_vector(model, hilbert)) ** 2
+    expected = n_chains * probabilities / probabilities.sum()
+    assert chisquare(counts, expected).pvalue > P_VALUE_THRESHOLD
+    assert 0.0 < samples.acceptance < 1.0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_chains_stay_in_the_sector(case):
+    make_hamiltonian, rule, _ = CASES[case]
+    hamiltonian = make_hamiltonian()
+    model = ComplexRBM(hamiltonian.n_sites, seed=1)
+    sampler = MetropolisSampler(hamiltonian, n_samples=64, n_chains=16, rule=rule, seed=0)
+    samples = sampler.sample(model)
+    assert samples.x.shape == (16, 4, hamiltonian.n_sites)
+    hamiltonian.hilbert.state_index(samples.x.reshape(-1, hamiltonian.n_sites))  # raises if not
+    with torch.no_grad():
+        torch.testing.assert_close(
+            samples.log_psi, model(samples.x.reshape(-1, hamiltonian.n_sites)).reshape(16, 4)
+        )
+
+
+def test_state_dict_resumes_the_same_chains():
+    hamiltonian = Heisenberg(Lattice((6,)))
+    model = ComplexRBM(6, seed=2)
+    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=5)
+    sampler.sample(model)
+    state = sampler.state_dict()
+    first = sampler.sample(model).x
+    restored = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=99)
+    restored.load_state_dict(state)
+    assert torch.equal(restored.sample(model).x, first)
+
+
+def test_chains_persist_between_calls():
+    hamiltonian = Heisenberg(Lattice((6,)))
+    model = ComplexRBM(6, seed=2)
+    sampler = MetropolisSampler(hamiltonian, n_samples=8, n_chains=8, n_discard=0, seed=5)
+    before = sampler.state_dict()  # empty until the first call
+    assert before == {}
+    sampler.sample(model)
+    chains = sampler.state_dict()["chains"]
+    again = sampler.sample(model, n_discard=0)
+    assert not torch.equal(again.x[:, 0], chains) or again.acceptance == 0.0
+
+
+def test_exact_sampler_weights_are_normalised_born_probabilities():
+    hamiltonian = BoseHubbard(Lattice((4,)), n_particles=3)
+    model = ComplexRBM(4, seed=4)
+    samples = ExactSampler(hamiltonian.hilbert).sample(model)
+    probabilities = np.abs(model_vector(model, hamiltonian.hilbert)) ** 2
+    np.testing.assert_allclose(samples.weights[0].numpy(), probabilities / probabilities.sum())
+    assert samples.x.shape == (1, hamiltonian.hilbert.dimension, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"n_samples": 10, "n_chains": 4}, "n_samples"),
+        ({"n_samples": 8, "n_chains": 0}, "n_chains"),
+        ({"n_samples": 8, "n_chains": 4, "rule": "hop"}, "rule"),
+        ({"n_samples": 8, "n_chains": 4, "rule": "flip"}, "rule"),
+        ({"n_samples": 8, "n_chains": 4, "sweep_size": 0}, "sweep_size"),
+        ({"n_samples": 8, "n_chains": 4, "n_discard": -1}, "n_discard"),
+    ],
+)
+def test_bad_settings_raise_with_the_config_key(kwargs, key):
+    with pytest.raises(ValueError, match=f"sampler.{key}"):
+        MetropolisSampler(Heisenberg(Lattice((4,))), **kwargs)
+
+
+def test_exchange_rule_on_bosons_is_rejected():
+    with pytest.raises(ValueError, match="sampler.rule"):
+        MetropolisSampler(BoseHubbard(Lattice((4,))), n_samples=4, n_chains=4, rule="exchange")

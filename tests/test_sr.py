@@ -1,0 +1,224 @@
+"""Log-derivatives, SR and minSR against dense formulas, schedules and Adam."""
+
+import numpy as np
+import pytest
+import torch
+from _vmc_helpers import ComplexRBM
+
+from vitqs.estimators import local_energy
+from vitqs.lattice import Lattice
+from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.sampler import ExactSampler
+from vitqs.sr import (
+    Adam,
+    Schedule,
+    energy_gradient,
+    force,
+    log_derivatives,
+    natural_gradient,
+    parameter_vector,
+    quantum_geometric_tensor,
+    set_parameter_vector,
+    solve_shifted,
+)
+
+
+def _configurations(hamiltonian, n=None):
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    return x if n is None else x[:n]
+
+
+def test_log_derivatives_match_single_sample_autograd():
+    hamiltonian = BoseHubbard(Lattice((4,)), n_particles=3)
+    model = ComplexRBM(4, seed=1)
+    x = _configurations(hamiltonian, 7)
+    jac = log_derivatives(model, x)
+    assert jac.shape == (7, parameter_vector(model).numel()) and jac.dtype == torch.complex128
+    for s in range(len(x)):
+        rows = []
+        for part in (torch.real, torch.imag):
+            model.zero_grad()
+            part(model(x[s : s + 1])[0]).backward()
+            rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        torch.testing.assert_close(jac[s], torch.complex(*rows), rtol=1e-12, atol=1e-12)
+
+
+def test_log_derivatives_match_finite_differences():
+    model = ComplexRBM(6, seed=2)
+    x = _configurations(Heisenberg(Lattice((6,))), 5)
+    jac = log_derivatives(model, x)
+    theta = parameter_vector(model)
+    step = 1e-6
+    for k in range(0, theta.numel(), 5):
+        shift = torch.zeros_like(theta)
+        shift[k] = step
+        with torch.no_grad():
+            set_parameter_vector(model, theta + shift)
+            plus = model(x)
+            set_parameter_vector(model, theta - shift)
+            minus = model(x)
+        set_parameter_vector(model, theta)
+        torch.testing.assert_close(jac[:, k], (plus - minus) / (2 * step), rtol=1e-6, atol=1e-8)
+
+
+def test_chunked_log_derivatives_are_identical():
+    model = ComplexRBM(6, seed=3)
+    x = _configurations(Heisenberg(Lattice((6,))))
+    torch.testing.assert_close(log_derivatives(model, x, chunk_size=4), log_derivatives(model, x))
+
+
+def _random_problem(n_samples, n_params, seed, weighted):
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    jac = torch.complex(randn(n_samples, n_params), randn(n_samples, n_params))
+    e_loc = torch.complex(randn(n_samples), randn(n_samples))
+    weights = torch.softmax(randn(n_samples), dim=0) if weighted else None
+    return jac, e_loc, weights
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize(("n_samples", "n_params"), [(10, 60), (60, 10), (30, 30)])
+def test_sr_and_minsr_give_the_same_update(n_samples, n_params, weighted):
+    jac, e_loc, weights = _random_problem(n_samples, n_params, seed=n_samples, weighted=weighted)
+    for diag_shift in (1e-2, 1e-1):
+        kwargs = {"diag_shift": diag_shift, "weights": weights}
+        sr = natural_gradient(jac, e_loc, method="sr", **kwargs)
+        minsr = natural_gradient(jac, e_loc, method="minsr", **kwargs)
+        assert float((sr - minsr).norm() / sr.norm()) < 1e-10
+
+
+def test_auto_method_picks_the_smaller_solve_and_agrees():
+    jac, e_loc, _ = _random_problem(8, 40, seed=1, weighted=False)
+    auto = natural_gradient(jac, e_loc, diag_shift=1e-2)
+    torch.testing.assert_close(auto, natural_gradient(jac, e_loc, diag_shift=1e-2, method="sr"))
+
+
+def test_mc_weights_are_one_over_n_samples():
+    jac, e_loc, _ = _random_problem(12, 5, seed=2, weighted=False)
+    uniform = torch.full((12,), 1 / 12, dtype=torch.float64)
+    torch.testing.assert_close(
+        natural_gradient(jac, e_loc, diag_shift=1e-3),
+        natural_gradient(jac, e_loc, diag_shift=1e-3, weights=uniform),
+    )
+
+
+def _dense_qgt_and_force(model, hamiltonian):
+    """S and F from the state vector ψ(θ) and its derivatives ∂_k ψ, by dense algebra."""
+    x = _configurations(hamiltonian)
+    names = [name for name, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+
+    def psi_parts(vector):  # θ -> (Re ψ, Im ψ) over the sector
+        pieces = torch.split(vector, [int(np.prod(shape)) for shape in shapes])
+        params = {n: v.reshape(s) for n, v, s in zip(names, pieces, shapes, strict=True)}
+        psi = torch.exp(torch.func.functional_call(model, params, (x,)))
+        return torch.stack([psi.real, psi.imag])
+
+    jac = torch.autograd.functional.jacobian(psi_parts, parameter_vector(model))  # (2, D, P)
+    with torch.no_grad():
+        psi = torch.exp(model(x)).numpy()
+    dpsi = (jac[0] + 1j * jac[1]).numpy()  # (D, P)
+    H = hamiltonian.to_dense()
+    norm = np.vdot(psi, psi).real
+    overlap = dpsi.conj().T @ psi / norm  # ⟨∂_k ψ|ψ⟩/⟨ψ|ψ⟩
+    S = (dpsi.conj().T @ dpsi / norm - np.outer(overlap, overlap.conj())).real
+    energy = np.vdot(psi, H @ psi) / norm
+    F = (dpsi.conj().T @ H @ psi / norm - overlap * energy).real
+    return S, F
+
+
+@pytest.mark.parametrize(
+    "make_hamiltonian",
+    [lambda: Heisenberg(Lattice((6,)), J2=0.3), lambda: BoseHubbard(Lattice((4,)), n_particles=3)],
+)
+def test_qgt_and_force_from_the_exact_distribution_match_dense_formulas(make_hamiltonian):
+    hamiltonian = make_hamiltonian()
+    model = ComplexRBM(hamiltonian.n_sites, seed=5)
+    samples = ExactSampler(hamiltonian.hilbert).sample(model)
+    x, weights = samples.x[0], samples.weights[0]
+    jac = log_derivatives(model, x)
+    e_loc = local_energy(hamiltonian, model, x, samples.log_psi[0])
+    S = quantum_geometric_tensor(jac, weights)
+    F = force(jac, e_loc, weights)
+    S_dense, F_dense = _dense_qgt_and_force(model, hamiltonian)
+    np.testing.assert_allclose(S.numpy(), S_dense, atol=1e-10)
+    np.testing.assert_allclose(F.numpy(), F_dense, atol=1e-10)
+
+
+def test_energy_gradient_is_twice_the_force_and_matches_autograd():
+    hamiltonian = Heisenberg(Lattice((6,)), J2=0.2)
+    model = ComplexRBM(6, seed=6)
+    samples = ExactSampler(hamiltonian.hilbert).sample(model)
+    x, weights = samples.x[0], samples.weights[0]
+    jac = log_derivatives(model, x)
+    gradient = energy_gradient(jac, local_energy(hamiltonian, model, x), weights)
+    H = torch.as_tensor(hamiltonian.to_dense(), dtype=torch.complex128)
+    psi = torch.exp(model(x))
+    energy = (psi.conj() @ H @ psi).real / (psi.conj() @ psi).real
+    energy.backward()
+    autograd = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    torch.testing.assert_close(gradient, autograd, rtol=1e-9, atol=1e-11)
+
+
+def test_a_small_sr_step_lowers_the_exact_energy():
+    hamiltonian = BoseHubbard(Lattice((4,)), U=2.0, n_particles=4)
+    model = ComplexRBM(4, seed=7)
+    sampler = ExactSampler(hamiltonian.hilbert)
+
+    def exact_energy():
+        samples = sampler.sample(model)
+        e_loc = local_energy(hamiltonian, model, samples.x[0], samples.log_psi[0])
+        return float((samples.weights[0] * e_loc).sum().real), samples, e_loc
+
+    before, samples, e_loc = exact_energy()
+    jac = log_derivatives(model, samples.x[0])
+    update = natural_gradient(jac, e_loc, diag_shift=1e-3, weights=samples.weights[0])
+    set_parameter_vector(model, parameter_vector(model) - 0.01 * update)
+    assert exact_energy()[0] < before
+
+
+def test_singular_matrix_falls_back_to_a_pseudo_inverse():
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(3, 6, generator=gen, dtype=torch.float64)
+    A = X.T @ X  # rank 3
+    b = A @ torch.randn(6, generator=gen, dtype=torch.float64)  # in the range of A
+    solution = solve_shifted(A, b, diag_shift=0.0)
+    assert torch.isfinite(solution).all()
+    torch.testing.assert_close(solution, torch.linalg.pinv(A) @ b, rtol=1e-6, atol=1e-8)
+
+
+def test_unknown_method_raises():
+    jac, e_loc, _ = _random_problem(4, 4, seed=0, weighted=False)
+    with pytest.raises(ValueError, match="optimizer.method"):
+        natural_gradient(jac, e_loc, diag_shift=1e-3, method="cg")
+
+
+def test_schedules():
+    assert Schedule(0.1)(50) == 0.1
+    exponential = Schedule(1e-2, 1e-4, "exponential", n_steps=100)
+    assert exponential(0) == pytest.approx(1e-2)
+    assert exponential(50) == pytest.approx(1e-3)
+    assert exponential(1000) == pytest.approx(1e-4)
+    cosine = Schedule(1.0, 0.0, "cosine", n_steps=10)
+    assert [cosine(0), cosine(5), cosine(10)] == pytest.approx([1.0, 0.5, 0.0])
+    with pytest.raises(ValueError, match="schedule kind"):
+        Schedule(1.0, 0.1, "linear")
+    with pytest.raises(ValueError, match="final"):
+        Schedule(1.0, None, "cosine")
+
+
+def test_adam_state_roundtrip_continues_identically():
+    gen = torch.Generator().manual_seed(1)
+    grads = [torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(4)]
+    adam = Adam()
+    for g in grads[:2]:
+        adam.direction(g)
+    restored = Adam()
+    restored.load_state_dict(adam.state_dict())
+    for g in grads[2:]:
+        torch.testing.assert_close(restored.direction(g), adam.direction(g))
+    first = Adam().direction(grads[0])  # bias-corrected: first step is sign(g) up to eps
+    torch.testing.assert_close(first, grads[0].sign(), rtol=1e-6, atol=1e-6)
