@@ -30,6 +30,20 @@ def _parser() -> argparse.ArgumentParser:
     ed = commands.add_parser("ed", help="exact ground-state energy of a config's Hamiltonian")
     _add_config_arguments(ed)
     ed.add_argument("--no-cache", action="store_true", help="solve again, ignoring the ED cache")
+
+    run = commands.add_parser("run", help="optimize a ground state and write results/<name>.h5")
+    _add_config_arguments(run)
+    run.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    run.add_argument("--overwrite", action="store_true", help="replace an existing results file")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    sweep = commands.add_parser("sweep", help="run a grid of configs, with tables and figures")
+    sweep.add_argument("sweep", help="sweep YAML: base, name, sweep (grid), warm_start")
+    sweep.add_argument("--json", action="store_true", help="end stdout with one JSON line")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    report = commands.add_parser("report", help="tables and figures of results files")
+    report.add_argument("path", help="a results file or a folder of them")
     return parser
 
 
@@ -50,7 +64,70 @@ def _cmd_ed(args) -> int:
     return 0
 
 
-_COMMANDS = {"ed": _cmd_ed}
+def _cmd_run(args) -> int:
+    from vitqs.run import run_config
+
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    config = load(args.config, args.overrides)
+    summary = run_config(
+        config, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet
+    )
+    print(_run_text(summary))
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _run_text(summary: dict) -> str:
+    lines = [
+        f"{summary['name']}: {summary['n_iter']} iterations, {summary['n_params']} parameters, "
+        f"{summary['seconds']:.1f} s ({summary['seconds_per_iter']:.3f} s per iteration)",
+        f"  energy          {summary['energy']:.10f} ± {summary['energy_error']:.2e}",
+        f"  variance        {summary['variance']:.4e}   V-score {summary['v_score']:.3e}",
+    ]
+    if summary["exact_energy"] is not None:
+        lines.append(f"  exact energy    {summary['exact_energy']:.10f}")
+        lines.append(f"  relative error  {summary['relative_error']:.3e}")
+    lines.append(f"  results         {summary['results_file']}")
+    return "\n".join(lines)
+
+
+def _cmd_report(args) -> int:
+    from vitqs.plots import report
+    from vitqs.results import ResultsError
+
+    try:
+        table, pngs = report(args.path)
+    except ResultsError as err:
+        raise ConfigError(str(err)) from None
+    print(table)
+    for png in pngs:
+        print(png)
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from vitqs.plots import markdown_table
+    from vitqs.sweep import run_sweep
+
+    outcome = run_sweep(args.sweep, progress=not args.quiet)
+    rows = outcome["rows"]
+    print(markdown_table(rows, list(dict.fromkeys(k for row in rows for k in row))))
+    for path in outcome["tables"] + outcome["figures"]:
+        print(path)
+    if args.json:
+        print(json.dumps({"name": outcome["name"], "points": rows}))
+    return 0
+
+
+_COMMANDS = {"ed": _cmd_ed, "run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report}
+
+
+def _interruption():
+    from vitqs.run import RunInterrupted
+
+    return RunInterrupted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"vitqs {args.command}: interrupted", file=sys.stderr)
         return 130
+    except _interruption() as err:
+        print(f"vitqs {args.command}: {err}", file=sys.stderr)
+        return 128 + err.signal_number
 
 
 if __name__ == "__main__":

@@ -207,8 +207,12 @@ class SamplerConfig:
 class OptimizerConfig:
     method: str = option("auto", choice("auto", "sr", "minsr", "adam"))
     lr: float = option(0.01, real(positive=True))
+    lr_final: float | None = option(None, optional(real(positive=True)))
+    lr_schedule: str = option("constant", choice("constant", "exponential", "cosine"))
     diag_shift: float = option(1.0e-3, real(minimum=0.0))
-    n_iter: int = option(300, integer(0))
+    diag_shift_final: float | None = option(None, optional(real(minimum=0.0)))
+    diag_shift_schedule: str = option("constant", choice("constant", "exponential", "cosine"))
+    n_iter: int = option(300, integer(1))
 
 
 @dataclass
@@ -237,6 +241,7 @@ class Config:
     seed: int = option(0, integer(0))
     device: str = option("auto", text())
     dtype: str = option("float64", choice("float64", "float32"))
+    threads: int | None = option(None, optional(integer(1)))
     lattice: LatticeConfig = field(default_factory=LatticeConfig)
     hamiltonian: HeisenbergConfig | BoseHubbardConfig | None = None
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -1,18 +1,60 @@
-"""Composition: turns a validated config into lattice, Hamiltonian and the exact reference.
+"""Composition: a validated config in, a finished (or resumable) results file out.
 
-Constructors below raise ``ValueError`` for combinations the config checks cannot see alone
-(a sign rule on a non-bipartite lattice, say); ``build_*`` re-raise those as ``ConfigError``
-so that the CLI reports them like every other bad value.
+``build_*`` turn config sections into objects; constructors raise ``ValueError`` for
+combinations the per-key checks cannot see (a sign rule on a non-bipartite lattice, a patch
+size that does not divide the lattice) and ``build_*`` re-raise those as ``ConfigError`` so the
+CLI reports them like every other bad value. ``run_config`` drives the VMC generator with the
+results file, checkpoints, signals and a progress bar around it; the physics stays in ``vmc``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import math
+import signal
+import statistics as pystats
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
-from vitqs import exact
-from vitqs.config import BoseHubbardConfig, Config, ConfigError
+import numpy as np
+import torch
+import yaml
+
+from vitqs import exact, observables, results
+from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict
+from vitqs.estimators import local_energy, statistics
 from vitqs.lattice import Lattice
+from vitqs.models import build_model
 from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.sampler import ExactSampler, MetropolisSampler
+from vitqs.vmc import VMC, NonFiniteEnergyError, OptimizerSettings, draw_samples
+
+# Keys a resumed run may change: they do not alter the trajectory already recorded.
+_RESUMABLE_CHANGES = (
+    "optimizer.n_iter",
+    "output.checkpoint_every",
+    "final.n_samples",
+    "device",
+    "threads",
+    "name",
+    "output.dir",
+    "exact.enabled",
+    "exact.max_dim",
+)
+_FULL_SUM_MAX_DIM = 200_000
+
+
+class RunInterrupted(RuntimeError):
+    """SIGINT or SIGTERM arrived; a checkpoint was written. ``signal_number`` says which."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.signal_number = signal_number
+
+
+# ---- building blocks ----------------------------------------------------------------------
 
 
 def build_lattice(config: Config) -> Lattice:
@@ -32,12 +74,70 @@ def build_hamiltonian(config: Config, lattice: Lattice | None = None):
         raise ConfigError(str(err)) from None
 
 
-def exact_ground_state(config: Config, hamiltonian=None, *, use_cache=True, return_vector=False):
-    """Returns the exact ``GroundState`` of the config's Hamiltonian, within ``exact.max_dim``.
+def resolve_device(name: str) -> torch.device:
+    """Returns the torch device for ``config.device`` (auto: CUDA when present)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} but no CUDA device is available; use auto or cpu")
+    return torch.device(name)
 
-    Raises ConfigError when the sector is larger than ``exact.max_dim``.
+
+def build_network(config: Config, hamiltonian) -> torch.nn.Module:
+    """Returns the model of ``config.model`` on the config's device and dtype."""
+    try:
+        model = build_model(config.model, hamiltonian.lattice, hamiltonian.hilbert)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    dtype = torch.float64 if config.dtype == "float64" else torch.float32
+    return model.to(device=resolve_device(config.device), dtype=dtype)
+
+
+def build_sampler(config: Config, hamiltonian):
+    """Returns a Metropolis sampler, or the exact (full-sum) sampler when asked for."""
+    cfg = config.sampler
+    if cfg.kind == "full_sum":
+        dim = hamiltonian.hilbert.dimension
+        if dim > _FULL_SUM_MAX_DIM:
+            raise ConfigError(
+                f"sampler.kind=full_sum needs a small sector; this one has {dim:,} states "
+                f"(at most {_FULL_SUM_MAX_DIM:,})"
+            )
+        return ExactSampler(hamiltonian.hilbert, chunk_size=cfg.chunk_size)
+    try:
+        return MetropolisSampler(
+            hamiltonian,
+            n_samples=cfg.n_samples,
+            n_chains=cfg.n_chains,
+            sweep_size=cfg.sweep_size,
+            n_discard=cfg.n_discard,
+            rule=cfg.rule,
+            seed=config.seed + 1,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def optimizer_settings(config: Config) -> OptimizerSettings:
+    """Returns the VMC optimizer settings of ``config.optimizer``."""
+    cfg = config.optimizer
+    try:
+        return OptimizerSettings(**dataclasses.asdict(cfg))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def exact_ground_state(config: Config, hamiltonian=None, *, use_cache=True, return_vector=False):
+    """Returns the exact ``GroundState``, or None when ``exact.enabled`` rules it out.
+
+    Raises ConfigError when ``exact.enabled: true`` and the sector exceeds ``exact.max_dim``.
     """
     hamiltonian = hamiltonian or build_hamiltonian(config)
+    enabled = config.exact.enabled
+    if enabled is False:
+        return None
+    if enabled == "auto" and hamiltonian.hilbert.dimension > config.exact.max_dim:
+        return None
     try:
         return exact.ground_state(
             hamiltonian,
@@ -53,7 +153,10 @@ def run_exact(config: Config, *, use_cache=True) -> dict:
     """Returns the ``vitqs ed`` summary: energy, energy per site, dimension, seconds, cached."""
     start = time.perf_counter()
     hamiltonian = build_hamiltonian(config)
-    result = exact_ground_state(config, hamiltonian, use_cache=use_cache)
+    try:
+        result = exact.ground_state(hamiltonian, max_dim=config.exact.max_dim, use_cache=use_cache)
+    except exact.SectorTooLargeError as err:
+        raise ConfigError(str(err)) from None
     return {
         "energy": result.energy,
         "energy_per_site": result.energy / hamiltonian.n_sites,
@@ -61,3 +164,352 @@ def run_exact(config: Config, *, use_cache=True) -> dict:
         "seconds": time.perf_counter() - start,
         "cached": result.cached,
     }
+
+
+# ---- a whole run --------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Everything a run holds while it goes."""
+
+    config: Config
+    hamiltonian: object
+    model: torch.nn.Module
+    sampler: object
+    vmc: VMC
+    record: results.RunRecord
+    path: Path
+    seconds_before: float = 0.0  # wall time of earlier invocations (resume)
+
+
+def config_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def run_config(
+    config: Config,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    initial_parameters: dict | None = None,
+) -> dict:
+    """Optimizes the config's model, writes ``<output.dir>/<name>.h5`` and returns the summary.
+
+    Args:
+        config: a validated config.
+        resume: continue from the checkpoint in the existing results file.
+        overwrite: replace an existing results file (only when it is written, atomically).
+        progress: show a tqdm bar on stderr.
+        initial_parameters: a model ``state_dict`` to start from (warm start in sweeps).
+
+    Raises:
+        ConfigError: bad combinations, an existing file without overwrite/resume, a resume
+            whose config changed in a way that matters.
+        RunInterrupted: SIGINT / SIGTERM; the checkpoint was written first.
+    """
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    start = time.perf_counter()
+    run = _prepare(
+        config, resume=resume, overwrite=overwrite, initial_parameters=initial_parameters
+    )
+    with _signals_to_flag() as stop:
+        _optimize(run, stop, progress, start)
+    return _finish(run, start)
+
+
+def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
+    path = results.results_path(config.output.dir, config.name)
+    if path.exists() and not (resume or overwrite):
+        raise ConfigError(
+            f"results file '{path}' exists; pass --resume to continue it or --overwrite to replace it"
+        )
+    if resume and not path.exists():
+        raise ConfigError(f"--resume: there is no results file '{path}' to resume")
+    torch.manual_seed(config.seed)
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    sampler = build_sampler(config, hamiltonian)
+    vmc = VMC(
+        hamiltonian,
+        model,
+        sampler,
+        optimizer_settings(config),
+        chunk_size=config.sampler.chunk_size,
+    )
+    if resume:
+        return _restore(config, path, hamiltonian, model, sampler, vmc)
+    if initial_parameters is not None:
+        model.load_state_dict(initial_parameters)
+    record = _new_record(config, hamiltonian, model)
+    results.write_results(path, record)  # claims the name; replaced atomically from now on
+    return Run(config, hamiltonian, model, sampler, vmc, record, path)
+
+
+def _new_record(config: Config, hamiltonian, model) -> results.RunRecord:
+    record = results.RunRecord(
+        name=config.name,
+        seed=config.seed,
+        config_yaml=config_yaml(config),
+        n_sites=hamiltonian.n_sites,
+        n_params=sum(p.numel() for p in model.parameters()),
+    )
+    reference = exact_ground_state(config, hamiltonian)
+    if reference is not None:
+        record.exact = {
+            "energy": reference.energy,
+            "energy_per_site": reference.energy / hamiltonian.n_sites,
+            "dimension": reference.dimension,
+            "seconds": reference.seconds,
+        }
+    return record
+
+
+def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
+    try:
+        record = results.read_results(path)
+    except results.ResultsError as err:
+        raise ConfigError(f"--resume: {err}") from None
+    changed = _changed_keys(yaml.safe_load(record.config_yaml) or {}, config.to_dict())
+    if changed:
+        raise ConfigError(
+            f"--resume: the config changed since '{path}' was written ({', '.join(changed)}); "
+            "start a new run (another name, or --overwrite)"
+        )
+    if record.status == "finished" and len(record.history) >= config.optimizer.n_iter:
+        raise ConfigError(
+            f"--resume: '{path}' is already finished; raise optimizer.n_iter to go on"
+        )
+    if record.checkpoint is None:
+        raise ConfigError(
+            f"--resume: '{path}' holds no checkpoint yet; start it again with --overwrite"
+        )
+    state = results.load_checkpoint(record)
+    model.load_state_dict(state["model"])
+    vmc.load_state_dict(state["vmc"])
+    sampler.load_state_dict(state["sampler"])
+    torch.set_rng_state(state["torch_rng"])
+    record.history = record.history[: record.checkpoint_step]
+    record.status, record.final = "running", None
+    record.observables, record.config_yaml = {}, config_yaml(config)
+    return Run(config, hamiltonian, model, sampler, vmc, record, path, state["seconds"])
+
+
+def _flatten(data, prefix=""):
+    if not isinstance(data, dict):
+        return {prefix.rstrip("."): data}
+    flat = {}
+    for key, value in data.items():
+        flat.update(_flatten(value, f"{prefix}{key}."))
+    return flat
+
+
+def _changed_keys(old: dict, new: dict) -> list[str]:
+    old, new = _flatten(old), _flatten(new)
+    keys = sorted(set(old) | set(new))
+    return [k for k in keys if old.get(k) != new.get(k) and k not in _RESUMABLE_CHANGES]
+
+
+def _checkpoint(run: Run, seconds: float) -> None:
+    run.record.set_checkpoint(
+        {
+            "model": run.model.state_dict(),
+            "vmc": run.vmc.state_dict(),
+            "sampler": run.sampler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "seconds": seconds,
+        }
+    )
+    results.write_results(run.path, run.record)
+
+
+def _history_row(result, exact_energy) -> dict:
+    energy = result.energy
+    timings = result.timings
+    return {
+        "step": result.step,
+        "energy": energy.mean.real,
+        "energy_error": energy.error_of_mean,
+        "variance": energy.variance,
+        "r_hat": energy.r_hat,
+        "tau": energy.tau_corr,
+        "acceptance": result.acceptance,
+        "lr": result.lr,
+        "diag_shift": result.diag_shift,
+        "update_norm": result.update_norm,
+        "seconds_sampling": timings.get("sampling", math.nan),
+        "seconds_local_energy": timings.get("local_energy", math.nan),
+        "seconds_jacobian": timings.get("jacobian", math.nan),
+        "seconds_solve": timings.get("solve", math.nan),
+        "seconds_total": sum(timings.values()),
+    }
+
+
+def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
+    from tqdm import tqdm  # the bar is the shell's business; imported where it is used
+
+    config, record = run.config, run.record
+    exact_energy = record.exact["energy"] if record.exact else None
+    done = len(record.history)
+    bar = tqdm(
+        total=config.optimizer.n_iter,
+        initial=done,
+        disable=not progress,
+        desc=config.name,
+        dynamic_ncols=True,
+        leave=True,
+    )
+    try:
+        for result in run.vmc.run(config.optimizer.n_iter - done):
+            record.append_history(_history_row(result, exact_energy))
+            bar.set_postfix_str(_progress_text(result, exact_energy), refresh=False)
+            bar.update(1)
+            step = len(record.history)
+            if step % config.output.checkpoint_every == 0 or stop:
+                _checkpoint(run, run.seconds_before + time.perf_counter() - start)
+            if stop:
+                _interrupted(run, stop["signal"])
+    except NonFiniteEnergyError as err:
+        record.status = "interrupted"
+        results.write_results(run.path, record)
+        raise ConfigError(f"{err} The last checkpoint is in '{run.path}'.") from None
+    finally:
+        bar.close()
+
+
+def _progress_text(result, exact_energy) -> str:
+    energy = result.energy
+    text = f"E={energy.mean.real:.6f}±{energy.error_of_mean:.1e}"
+    if exact_energy is not None:
+        text += f" rel={results.relative_error(energy.mean.real, exact_energy):.1e}"
+    if not math.isnan(result.acceptance):
+        text += f" acc={result.acceptance:.2f}"
+    return text
+
+
+def _interrupted(run: Run, signal_number: int):
+    run.record.status = "interrupted"
+    results.write_results(run.path, run.record)
+    name = signal.Signals(signal_number).name
+    raise RunInterrupted(
+        f"{name} received: stopped after step {len(run.record.history)} and wrote a checkpoint "
+        f"to '{run.path}'. Resume with: vitqs run <config> --resume",
+        signal_number,
+    )
+
+
+@contextlib.contextmanager
+def _signals_to_flag():
+    """Turns SIGINT/SIGTERM into a flag the loop checks after each step (main thread only)."""
+    stop: dict = {}
+
+    def handler(signum, frame):
+        if stop:  # a second signal: stop at once
+            raise KeyboardInterrupt
+        stop["signal"] = signum
+
+    previous = {}
+    with contextlib.suppress(ValueError):  # not the main thread: keep default handlers
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# ---- the end of a run ---------------------------------------------------------------------
+
+
+def _finish(run: Run, start: float) -> dict:
+    config, record = run.config, run.record
+    samples = draw_samples(run.sampler, run.model, config.final.n_samples)
+    e_loc = local_energy(
+        run.hamiltonian, run.model, samples.x, samples.log_psi, config.sampler.chunk_size
+    )
+    energy = statistics(e_loc, samples.weights)
+    exact_energy = record.exact["energy"] if record.exact else None
+    seconds = run.seconds_before + time.perf_counter() - start
+    iter_seconds = [row["seconds_total"] for row in record.history[1:]]
+    record.final = {
+        "energy": energy.mean.real,
+        "energy_error": energy.error_of_mean,
+        "variance": energy.variance,
+        "v_score": results.v_score(energy.mean.real, energy.variance, run.hamiltonian.n_sites),
+        "tau": energy.tau_corr,
+        "r_hat": energy.r_hat,
+        "n_samples": int(energy.n_samples),
+        "relative_error": results.relative_error(energy.mean.real, exact_energy),
+        "seconds": seconds,
+        "seconds_per_iter": pystats.median(iter_seconds) if iter_seconds else math.nan,
+    }
+    record.observables = _observables(run, samples)
+    record.status = "finished"
+    _checkpoint(run, seconds)  # keeps the final parameters, and lets n_iter be raised later
+    return summary(record, run.path)
+
+
+def _observables(run: Run, samples) -> dict:
+    ham = run.hamiltonian
+    chunk = run.config.sampler.chunk_size
+    if isinstance(ham, Heisenberg):
+        measured = observables.spin_observables(ham, run.model, samples, chunk_size=chunk)
+    else:
+        measured = observables.boson_observables(ham, run.model, samples, chunk_size=chunk)
+    values = {}
+    for name, estimate in measured.items():
+        values[name] = np.asarray(estimate.mean)
+        if estimate.error is not None:
+            values[f"{name}_error"] = np.asarray(estimate.error)
+    values.update(_exact_observables(run))
+    return values
+
+
+def _exact_observables(run: Run) -> dict:
+    """Returns the same observables from the exact ground state, when the sector is small."""
+    if run.record.exact is None or run.record.exact["dimension"] > 1_000_000:
+        return {}
+    ham = run.hamiltonian
+    vector = exact_ground_state(run.config, ham, return_vector=True).vector
+    if isinstance(ham, Heisenberg):
+        corr = observables.exact_spin_correlations(ham.hilbert, ham.lattice, vector, ham.sign_rule)
+        return {
+            "exact_spin_correlations": corr,
+            "exact_structure_factor": observables.structure_factor(ham.lattice, corr),
+        }
+    rho = observables.exact_one_body_density_matrix(ham.hilbert, vector)
+    return {
+        "exact_densities": observables.exact_densities(ham.hilbert, vector),
+        "exact_one_body_density_matrix": rho,
+        "exact_condensate_fraction": np.asarray(
+            observables.condensate_fraction(rho, ham.hilbert.n_particles)
+        ),
+    }
+
+
+def summary(record: results.RunRecord, path: Path) -> dict:
+    """Returns the ``vitqs run --json`` object of a finished record."""
+    final, exact_ref = record.final, record.exact
+    rel = final["relative_error"]
+    return {
+        "name": record.name,
+        "energy": final["energy"],
+        "energy_error": final["energy_error"],
+        "variance": final["variance"],
+        "v_score": final["v_score"],
+        "exact_energy": exact_ref["energy"] if exact_ref else None,
+        "relative_error": None if rel is None or math.isnan(rel) else rel,
+        "n_params": record.n_params,
+        "n_iter": len(record.history),
+        "seconds": final["seconds"],
+        "seconds_per_iter": final["seconds_per_iter"],
+        "results_file": str(path),
+    }
+
+
+def load_config_dict(data: dict, name: str) -> Config:
+    """Returns a validated config from plain data (used by sweeps)."""
+    return from_dict(data, default_name=name)

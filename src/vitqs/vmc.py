@@ -259,23 +259,33 @@ def optimize(
     yield from VMC(hamiltonian, model, sampler, settings, chunk_size=chunk_size).run(n_iter)
 
 
-def final_estimate(
-    hamiltonian, model, sampler, *, n_samples: int | None = None, chunk_size=None
-) -> Stats:
-    """Returns the energy `Stats` of the current parameters from ``n_samples`` samples.
+def draw_samples(sampler, model, n_samples: int | None = None) -> Samples:
+    """Returns at least ``n_samples`` samples of ``|ψ|²``, joined along each chain.
 
-    Draws ``ceil(n_samples / sampler.n_samples)`` batches and joins them along each chain
-    (the later batches continue the chains without discarding); the exact sampler gives
-    the exact energy in one pass.
+    Draws ``ceil(n_samples / sampler.n_samples)`` batches; the later batches continue the
+    chains without discarding. The exact sampler returns the whole sector once.
     """
     n_samples = sampler.n_samples if n_samples is None else n_samples
     exact = isinstance(sampler, ExactSampler)
     n_batches = 1 if exact else math.ceil(n_samples / sampler.n_samples)
     batches = [sampler.sample(model, n_discard=None if b == 0 else 0) for b in range(n_batches)]
-    x = torch.cat([s.x for s in batches], dim=1)
-    log_psi = torch.cat([s.log_psi for s in batches], dim=1)
-    e_loc = local_energy(hamiltonian, model, x, log_psi, chunk_size)
-    return statistics(e_loc, batches[0].weights)
+    if len(batches) == 1:
+        return batches[0]
+    return Samples(
+        x=torch.cat([s.x for s in batches], dim=1),
+        log_psi=torch.cat([s.log_psi for s in batches], dim=1),
+        weights=None,
+        acceptance=sum(s.acceptance for s in batches) / len(batches),
+    )
+
+
+def final_estimate(
+    hamiltonian, model, sampler, *, n_samples: int | None = None, chunk_size=None
+) -> Stats:
+    """Returns the energy `Stats` of the current parameters from ``n_samples`` samples."""
+    samples = draw_samples(sampler, model, n_samples)
+    e_loc = local_energy(hamiltonian, model, samples.x, samples.log_psi, chunk_size)
+    return statistics(e_loc, samples.weights)
 
 
 def _lap(start: float) -> float:

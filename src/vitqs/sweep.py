@@ -1,0 +1,168 @@
+"""Parameter sweeps: a base config plus a grid over dotted keys, one run per point.
+
+A sweep file names its base config (relative to itself), the grid, and whether each point
+starts from the previous point's parameters (``warm_start``). Each point is an ordinary run
+written to ``<output.dir>/<sweep name>/<point name>.h5``; a finished point is read back, not
+run again, so an interrupted sweep resumes at the first unfinished point. The summary table
+(``summary.csv``, ``summary.md``) and figures land in the same folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from vitqs import results
+from vitqs.config import ConfigError, apply_overrides, from_dict, read_yaml
+from vitqs.plots import markdown_table, plot_sweep
+from vitqs.run import run_config
+
+_SWEEP_KEYS = ("base", "name", "sweep", "warm_start")
+
+
+def load_sweep(path: str | Path) -> dict:
+    """Returns the validated sweep spec: base config data, name, grid, warm_start."""
+    path = Path(path)
+    spec = read_yaml(path)
+    if not isinstance(spec, dict):
+        raise ConfigError(f"sweep file '{path}' must be a mapping with keys {list(_SWEEP_KEYS)}")
+    for key in spec:
+        if key not in _SWEEP_KEYS:
+            close = difflib.get_close_matches(str(key), _SWEEP_KEYS, n=1)
+            hint = (
+                f"; did you mean '{close[0]}'?" if close else f"; allowed: {', '.join(_SWEEP_KEYS)}"
+            )
+            raise ConfigError(f"unknown key '{key}' in sweep file '{path}'{hint}")
+    if "base" not in spec or "sweep" not in spec:
+        raise ConfigError(f"sweep file '{path}' needs 'base' (a config file) and 'sweep' (a grid)")
+    grid = spec["sweep"]
+    if not isinstance(grid, dict) or not grid:
+        raise ConfigError(
+            "sweep must map dotted keys to lists of values, e.g. hamiltonian.U: [2, 5]"
+        )
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep.{key}={values!r} must be a non-empty list of values")
+    warm = spec.get("warm_start", False)
+    if not isinstance(warm, bool):
+        raise ConfigError(f"warm_start={warm!r} must be true or false")
+    base = (path.parent / str(spec["base"])).resolve()
+    return {
+        "base": read_yaml(base),
+        "base_path": base,
+        "name": spec.get("name") or path.stem,
+        "grid": grid,
+        "warm_start": warm,
+    }
+
+
+def grid_points(grid: dict) -> list[dict]:
+    """Returns every combination of the grid's values, first key slowest."""
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def _point_name(point: dict) -> str:
+    return "_".join(f"{key.split('.')[-1]}={value}" for key, value in point.items())
+
+
+def point_configs(spec: dict) -> list:
+    """Returns the validated config of every point (all checked before anything runs)."""
+    configs = []
+    for point in grid_points(spec["grid"]):
+        overrides = [f"{key}={value}" for key, value in point.items()]
+        data = apply_overrides(spec["base"], overrides)
+        config = from_dict(data, default_name=_point_name(point))
+        config.name = _point_name(point)
+        config.output.dir = str(Path(config.output.dir) / spec["name"])
+        configs.append((point, config))
+    return configs
+
+
+def run_sweep(path: str | Path, *, progress: bool = True) -> dict:
+    """Runs (or resumes) a sweep; returns rows, table paths and figure paths."""
+    spec = load_sweep(path)
+    configs = point_configs(spec)
+    rows, previous = [], None
+    for point, config in configs:
+        record = _run_point(config, previous if spec["warm_start"] else None, progress)
+        rows.append(_row(point, record))
+        previous = _final_parameters(record)
+    out_dir = Path(configs[0][1].output.dir)
+    tables = _write_tables(rows, out_dir)
+    parameter = list(spec["grid"])[0].split(".")[-1]
+    figures = plot_sweep(rows, parameter, out_dir) if len(spec["grid"]) == 1 else []
+    return {"name": spec["name"], "rows": rows, "tables": tables, "figures": figures}
+
+
+def _run_point(config, warm_parameters, progress):
+    path = results.results_path(config.output.dir, config.name)
+    if path.exists():
+        try:
+            record = results.read_results(path)
+        except results.ResultsError:
+            record = None
+        if record is not None and record.status == "finished":
+            return record
+        if record is not None and record.checkpoint is not None:
+            run_config(config, resume=True, progress=progress)
+            return results.read_results(path)
+    run_config(config, overwrite=True, progress=progress, initial_parameters=warm_parameters)
+    return results.read_results(path)
+
+
+def _final_parameters(record) -> dict | None:
+    if record.checkpoint is None:
+        return None
+    return results.load_checkpoint(record)["model"]
+
+
+def _row(point: dict, record) -> dict:
+    n = record.n_sites
+    final = record.final or {}
+    exact = record.exact
+    row = {key.split(".")[-1]: value for key, value in point.items()}
+    row.update(
+        energy=final.get("energy"),
+        energy_error=final.get("energy_error"),
+        energy_per_site=final.get("energy", math.nan) / n,
+        energy_error_per_site=final.get("energy_error", math.nan) / n,
+        exact_energy=exact["energy"] if exact else None,
+        exact_energy_per_site=exact["energy"] / n if exact else None,
+        relative_error=final.get("relative_error"),
+        v_score=final.get("v_score"),
+        seconds=final.get("seconds"),
+    )
+    obs = record.observables
+    if "condensate_fraction" in obs:
+        row["condensate_fraction"] = float(np.real(obs["condensate_fraction"]))
+        if "condensate_fraction_error" in obs:
+            row["condensate_fraction_error"] = float(obs["condensate_fraction_error"])
+    if "structure_factor" in obs:
+        row["structure_factor_peak"] = float(np.max(np.real(obs["structure_factor"])))
+    return row
+
+
+def _write_tables(rows: list[dict], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    paths = [out_dir / "summary.csv", out_dir / "summary.md"]
+    _atomic_text(paths[0], buffer.getvalue())
+    _atomic_text(paths[1], markdown_table(rows, columns) + "\n")
+    return paths
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
