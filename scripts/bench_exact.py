@@ -69,7 +69,9 @@ def main() -> None:
             if abs(nk_energy - energy) > 1e-8 * abs(energy):
                 raise SystemExit(f"{name}: energies differ: ours {energy} netket {nk_energy}")
             line.update(netket_s=nk_seconds, ratio=seconds / nk_seconds)
-        nk_text = f"{line.get('netket_s', float('nan')):>9.2f} {line.get('ratio', float('nan')):>6.2f}"
+        nk_text = (
+            f"{line.get('netket_s', float('nan')):>9.2f} {line.get('ratio', float('nan')):>6.2f}"
+        )
         print(f"{name:<22} {dim:>10} {seconds:>8.2f} {nk_text}  {energy:.10f}", flush=True)
         print(json.dumps(line), flush=True)
 

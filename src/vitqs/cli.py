@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from vitqs import __version__
 from vitqs.config import ConfigError, load
@@ -88,6 +89,7 @@ def _run_text(summary: dict) -> str:
     ]
     if summary["exact_energy"] is not None:
         lines.append(f"  exact energy    {summary['exact_energy']:.10f}")
+    if summary["relative_error"] is not None:  # None when there is no exact energy, or it is 0
         lines.append(f"  relative error  {summary['relative_error']:.3e}")
     lines.append(f"  results         {summary['results_file']}")
     return "\n".join(lines)
@@ -95,9 +97,11 @@ def _run_text(summary: dict) -> str:
 
 def _cmd_report(args) -> int:
     from vitqs.plots import report
-    from vitqs.results import ResultsError
+    from vitqs.results import ResultsError, read_results
 
     try:
+        if Path(args.path).is_file():  # one file: unreadable is an error, not a table row
+            read_results(args.path)
         table, pngs = report(args.path)
     except ResultsError as err:
         raise ConfigError(str(err)) from None

@@ -52,7 +52,10 @@ def real(minimum=None, maximum=None, positive=False):
                 raise ConfigError(f"{key}={_describe(value)} must be a number") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={_describe(value)} must be a number")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer literal beyond the float range
+            raise ConfigError(f"{key}: a {len(str(value))}-digit integer is too large") from None
         if value != value or value in (float("inf"), float("-inf")):
             raise ConfigError(f"{key}={value} must be a finite number")
         if positive and value <= 0:
@@ -103,6 +106,19 @@ def int_list(length=(1, 2), minimum=1):
         for i, item in enumerate(value):
             integer(minimum)(f"{key}[{i}]", item)
         return list(value)
+
+    return check
+
+
+def file_name():
+    def check(key, value):
+        text()(key, value)
+        if value.startswith(".") or "/" in value or "\\" in value:
+            raise ConfigError(
+                f"{key}={value!r} must be a plain file name (no '/', not starting with '.'): "
+                "it names the results file"
+            )
+        return value
 
     return check
 
@@ -168,7 +184,7 @@ class BoseHubbardConfig:
     J: float = option(1.0, real())
     U: float = option(4.0, real())
     mu: float = option(0.0, real())
-    n_particles: int = option(check=integer(0))
+    n_particles: int = option(check=integer(1))
     n_max: int | None = option(None, optional(integer(1)))
 
 
@@ -237,8 +253,8 @@ _HAMILTONIANS = {"heisenberg": HeisenbergConfig, "bose_hubbard": BoseHubbardConf
 
 @dataclass
 class Config:
-    name: str | None = option(None, optional(text()))
-    seed: int = option(0, integer(0))
+    name: str | None = option(None, optional(file_name()))
+    seed: int = option(0, integer(0, 2**63 - 1))  # the sampler seeds a generator with seed + 1
     device: str = option("auto", text())
     dtype: str = option("float64", choice("float64", "float32"))
     threads: int | None = option(None, optional(integer(1)))
@@ -313,11 +329,12 @@ def _build_hamiltonian(data):
     if "kind" not in data:
         raise ConfigError("hamiltonian.kind is required: heisenberg | bose_hubbard")
     kind = data["kind"]
-    if kind not in _HAMILTONIANS:
+    if not isinstance(kind, str) or kind not in _HAMILTONIANS:
         close = difflib.get_close_matches(str(kind), list(_HAMILTONIANS), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(
-            f"hamiltonian.kind={kind!r} is not allowed; choose one of: heisenberg | bose_hubbard{hint}"
+            f"hamiltonian.kind={kind!r} is not allowed; "
+            f"choose one of: heisenberg | bose_hubbard{hint}"
         )
     return _build(_HAMILTONIANS[kind], data, "hamiltonian.")
 
@@ -342,7 +359,7 @@ def from_dict(data, *, default_name: str | None = None) -> Config:
             scalars[f.name] = check(f.name, data[f.name])
     config = Config(**scalars, **sections)
     if config.name is None and default_name:
-        config.name = default_name
+        config.name = file_name()("name", default_name)
     _check_consistency(config)
     return config
 
@@ -365,6 +382,7 @@ def _check_consistency(config: Config) -> None:
                 f"hamiltonian.n_particles={ham.n_particles} does not fit on {n_sites} sites "
                 f"with n_max={n_max}: at most {n_sites * n_max}"
             )
+    _check_schedules(config.optimizer)
     device = config.device
     if not (
         device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())
@@ -372,6 +390,27 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError(
             f"device={device!r} is not allowed; choose one of: auto | cpu | cuda | cuda:N"
         )
+
+
+def _check_schedules(cfg: OptimizerConfig) -> None:
+    """Checks that a scheduled lr / diag_shift has a final value an exponential can reach."""
+    for name in ("lr", "diag_shift"):
+        kind, initial, final = (
+            getattr(cfg, f"{name}_schedule"),
+            getattr(cfg, name),
+            getattr(cfg, f"{name}_final"),
+        )
+        if kind == "constant":
+            continue
+        if final is None:
+            raise ConfigError(
+                f"optimizer.{name}_final is required with optimizer.{name}_schedule={kind}"
+            )
+        if kind == "exponential" and not (initial > 0 and final > 0):
+            raise ConfigError(
+                f"optimizer.{name}_schedule=exponential needs optimizer.{name}={initial} and "
+                f"optimizer.{name}_final={final} both > 0"
+            )
 
 
 # ---- files and overrides ------------------------------------------------------------------
@@ -395,6 +434,21 @@ def read_yaml(path: str | Path):
         raise ConfigError(f"config file '{path}' is not valid YAML{at}: {problem}") from None
 
 
+def set_dotted(data: dict, key: str, value) -> None:
+    """Sets ``data[a][b][c] = value`` for ``key = "a.b.c"``, creating empty sections."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"the config must be a mapping of sections, got {_describe(data)}")
+    node, parts = data, key.strip().split(".")
+    for depth, part in enumerate(parts[:-1]):
+        if node.get(part) is None:  # an empty section in YAML reads as None
+            node[part] = {}
+        node = node[part]
+        if not isinstance(node, dict):
+            path = ".".join(parts[: depth + 1])
+            raise ConfigError(f"--set {key}: '{path}' is not a section")
+    node[parts[-1]] = value
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Returns a copy of ``data`` with ``key.path=value`` overrides set (values parsed as YAML)."""
     data = copy.deepcopy(data) if isinstance(data, dict) else data
@@ -406,15 +460,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             raise ConfigError(f"--set {item!r}: the value is not valid YAML") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"the config must be a mapping of sections, got {_describe(data)}")
-        node, parts = data, key.strip().split(".")
-        for depth, part in enumerate(parts[:-1]):
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                path = ".".join(parts[: depth + 1])
-                raise ConfigError(f"--set {key}: '{path}' is not a section")
-        node[parts[-1]] = value
+        set_dotted(data, key, value)
     return data
 
 

@@ -61,8 +61,21 @@ def cache_key(hamiltonian) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def sector_fits(hilbert, max_dim: int) -> bool:
+    """Returns whether the sector has at most ``max_dim`` states, without huge integers."""
+    if hilbert.log_dimension() > np.log(max_dim) + 1.0:
+        return False
+    return hilbert.dimension <= max_dim
+
+
 def check_dimension(hamiltonian, max_dim: int = DEFAULT_MAX_DIM) -> int:
     """Returns the sector dimension, or raises SectorTooLargeError above ``max_dim``."""
+    # a sector with 10^30 states must be refused without counting it exactly first
+    if hamiltonian.hilbert.log_dimension() > np.log(max_dim) + 1.0:
+        raise SectorTooLargeError(
+            f"the sector has about 10^{hamiltonian.hilbert.log_dimension() / np.log(10):.0f} "
+            f"states, above exact.max_dim={max_dim:,}; raise exact.max_dim or use a smaller lattice"
+        )
     dim = hamiltonian.hilbert.dimension
     if dim > max_dim:
         raise SectorTooLargeError(

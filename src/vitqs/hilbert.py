@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from functools import cached_property
-from math import comb
+from math import comb, lgamma
 
 import numpy as np
 import torch
@@ -190,6 +190,11 @@ class SpinHalf(_FixedSector):
     def dimension(self) -> int:
         return comb(self.n_sites, self.n_up)
 
+    def log_dimension(self) -> float:
+        """Returns ln(dimension) without computing the (possibly huge) integer."""
+        n, k = self.n_sites, self.n_up
+        return lgamma(n + 1) - lgamma(k + 1) - lgamma(n - k + 1)
+
     def to_digits(self, states):
         return (np.asarray(states) > 0).astype(np.int8)
 
@@ -253,6 +258,14 @@ class Bosons(_FixedSector):
     @property
     def local_states(self) -> tuple[int, ...]:
         return tuple(range(self.n_max + 1))
+
+    def log_dimension(self) -> float:
+        """Returns ln(dimension), or an upper bound when the cutoff truncates and counting
+        exactly would be slow (the bound is the count without cutoff)."""
+        n, p = self.n_sites, self.n_particles
+        if self.n_max < p and n * p * self.n_max <= 10**7:
+            return float(np.log(self.dimension))
+        return lgamma(n + p) - lgamma(p + 1) - lgamma(n)
 
     @cached_property
     def dimension(self) -> int:

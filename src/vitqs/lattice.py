@@ -88,24 +88,26 @@ class Lattice:
         if order not in (1, 2):
             raise ValueError(f"neighbour order {order} is not supported; use 1 or 2")
         if order not in self._bond_cache:
-            seen = {tuple(b) for lower in range(1, order) for b in self.bonds(lower)}
+            seen = {tuple(b) for lower in range(1, order) for b in self.bonds(lower).tolist()}
             self._bond_cache[order] = self._bonds_from_vectors(
                 _BOND_VECTORS[self.ndim][order], seen
             )
         return self._bond_cache[order]
 
     def _bonds_from_vectors(self, vectors, seen: set) -> np.ndarray:
-        bonds = []
+        n = self.n_sites
+        pairs = []
         for vec in vectors:
             targets = self.site_index(self.coords + np.asarray(vec))
-            for i, j in zip(range(self.n_sites), targets.tolist(), strict=True):
-                if j < 0 or j == i:
-                    continue
-                edge = (min(i, j), max(i, j))
-                if edge not in seen:
-                    seen.add(edge)
-                    bonds.append(edge)
-        return np.asarray(sorted(bonds), dtype=np.int64).reshape(-1, 2)
+            sites = np.arange(n)
+            valid = (targets >= 0) & (targets != sites)
+            lo, hi = np.minimum(sites, targets)[valid], np.maximum(sites, targets)[valid]
+            pairs.append(lo * n + hi)  # one integer per unordered edge
+        codes = np.unique(np.concatenate(pairs)) if pairs else np.zeros(0, dtype=np.int64)
+        if seen:
+            lower = np.array([i * n + j for i, j in seen], dtype=np.int64)
+            codes = codes[~np.isin(codes, lower)]
+        return np.stack([codes // n, codes % n], axis=1).astype(np.int64).reshape(-1, 2)
 
     @cached_property
     def translations(self) -> np.ndarray:

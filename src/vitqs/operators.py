@@ -46,8 +46,19 @@ class Hamiltonian(ABC):
         """Returns ``H_{xx}`` for configurations ``(B, N)`` as ``(B,)``."""
 
     @abstractmethod
+    def _term_action(self, a, b, term):
+        """Returns ``(new_a, new_b, element)`` of off-diagonal term ``term`` on site values (a, b).
+
+        Elementwise and broadcasting: ``a`` is the value at the term's source site, ``b`` at its
+        target site. This one function defines the off-diagonal physics for both
+        ``get_conn_padded`` and ``to_sparse``.
+        """
+
     def off_diagonal(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Returns, per term, new values at the two sites and the element, each ``(B, K-1)``."""
+        """Returns, per term, the new values at its two sites and the element, each ``(B, K-1)``."""
+        src, dst = self._index("_src", x.device), self._index("_dst", x.device)
+        term = torch.arange(src.shape[0], device=x.device)
+        return self._term_action(x[:, src], x[:, dst], term)
 
     @abstractmethod
     def describe(self) -> dict:
@@ -79,33 +90,60 @@ class Hamiltonian(ABC):
 
     def to_sparse(self) -> sp.csr_matrix:
         """Returns H on the sector as CSR float64, rows and columns in ``all_states()`` order."""
-        codes = self.hilbert.codes
-        blocks = [
-            self._sparse_rows(codes[start : start + _SPARSE_BLOCK])
-            for start in range(0, len(codes), _SPARSE_BLOCK)
-        ]
-        return sp.vstack(blocks, format="csr")
-
-    def _sparse_rows(self, codes: np.ndarray) -> sp.csr_matrix:
-        # One block of rows in ELL form (rows × K), then compressed to CSR without a sort.
         hilbert = self.hilbert
-        digits = hilbert.codes_to_digits(codes)
-        x = torch.from_numpy(hilbert.from_digits(digits).astype(np.float64))
-        new_src, new_dst, mels_off = (t.numpy() for t in self.off_diagonal(x))
-        # a term changes the digits of two sites: shift the code by the two differences
-        shift_src, shift_dst = hilbert.bits * self._src, hilbert.bits * self._dst
-        delta_src = hilbert.to_digits(new_src).astype(np.int64) - digits[:, self._src]
-        delta_dst = hilbert.to_digits(new_dst).astype(np.int64) - digits[:, self._dst]
-        acts = mels_off != 0
-        new_codes = codes[:, None] + (delta_src << shift_src) + (delta_dst << shift_dst)
-        cols = np.zeros(new_codes.shape, dtype=np.int64)
-        cols[acts] = hilbert.code_index(new_codes[acts])
-        cols = np.concatenate([hilbert.code_index(codes)[:, None], cols], axis=1)
-        vals = np.concatenate([self.diagonal(x).numpy()[:, None], mels_off], axis=1)
+        codes = hilbert.codes
+        # ELL form: column 0 the diagonal, column t+1 term t; compressed row-major into CSR
+        # below, which needs no sort (matvecs do not need sorted column indices)
+        cols = np.zeros(
+            (len(codes), self.max_conn), dtype=np.int32 if len(codes) < 2**31 else np.int64
+        )
+        vals = np.zeros((len(codes), self.max_conn))
+        cols[:, 0], vals[:, 0] = np.arange(len(codes)), self._sparse_diagonal()
+        new_src, new_dst, elements = self._term_tables()  # (T, base, base) each
+        mask = (1 << hilbert.bits) - 1
+        for t, (s, d) in enumerate(zip(self._src, self._dst, strict=True)):
+            # a term changes two digits: read them off the code, shift the code by the changes
+            a = (codes >> (hilbert.bits * s)) & mask
+            b = (codes >> (hilbert.bits * d)) & mask
+            element = elements[t][a, b]
+            acts = np.flatnonzero(element)
+            a, b = a[acts], b[acts]
+            shifted = (
+                codes[acts]
+                + ((new_src[t][a, b] - a) << (hilbert.bits * s))
+                + ((new_dst[t][a, b] - b) << (hilbert.bits * d))
+            )
+            cols[acts, t + 1] = hilbert.code_index(shifted)
+            vals[acts, t + 1] = element[acts]
         keep = vals != 0
-        indptr = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
-        shape = (len(codes), hilbert.dimension)
-        return sp.csr_matrix((vals[keep], cols[keep].astype(np.int32), indptr), shape=shape)
+        indptr = np.zeros(len(codes) + 1, dtype=np.int64)
+        np.cumsum(keep.sum(axis=1), out=indptr[1:])
+        shape = (len(codes), len(codes))
+        return sp.csr_matrix((vals[keep], cols[keep], indptr), shape=shape)
+
+    def _term_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Returns new source digit, new target digit and element per (term, a, b) digit pair."""
+        hilbert = self.hilbert
+        values = torch.tensor(hilbert.local_states, dtype=torch.float64)
+        a = values[None, :, None]  # (1, base, 1)
+        b = values[None, None, :]  # (1, 1, base)
+        term = torch.arange(len(self._src))[:, None, None]  # (T, 1, 1)
+        new_a, new_b, element = self._term_action(a, b, term)
+        shape = (len(self._src), len(values), len(values))
+        return (
+            hilbert.to_digits(new_a.expand(shape).numpy()).astype(np.int64),
+            hilbert.to_digits(new_b.expand(shape).numpy()).astype(np.int64),
+            element.expand(shape).numpy(),
+        )
+
+    def _sparse_diagonal(self) -> np.ndarray:
+        hilbert, codes = self.hilbert, self.hilbert.codes
+        blocks = []
+        for start in range(0, len(codes), _SPARSE_BLOCK):
+            digits = hilbert.codes_to_digits(codes[start : start + _SPARSE_BLOCK])
+            x = torch.from_numpy(hilbert.from_digits(digits).astype(np.float64))
+            blocks.append(self.diagonal(x).numpy())
+        return np.concatenate(blocks)
 
     def to_dense(self) -> np.ndarray:
         """Returns H on the sector as a dense float64 array (tiny systems only)."""
@@ -154,12 +192,11 @@ class Heisenberg(Hamiltonian):
         coupling = self._index("_coupling", x.device).to(x.dtype)
         return (x[:, src] * x[:, dst] * coupling).sum(dim=1) / 4
 
-    def off_diagonal(self, x):
-        src, dst = self._index("_src", x.device), self._index("_dst", x.device)
-        exchange = self._index("_exchange", x.device).to(x.dtype)
-        x_src, x_dst = x[:, src], x[:, dst]  # (B, K-1)
-        mels = exchange * (x_src != x_dst).to(x.dtype)
-        return x_dst, x_src, mels
+    def _term_action(self, a, b, term):
+        # exchange the two spins when they differ
+        exchange = self._index("_exchange", a.device).to(a.dtype)[term]
+        element = exchange * (a != b).to(a.dtype)
+        return b.expand_as(element), a.expand_as(element), element
 
     def describe(self):
         return {
@@ -202,12 +239,11 @@ class BoseHubbard(Hamiltonian):
     def diagonal(self, x):
         return (self.U / 2) * (x * (x - 1)).sum(dim=1) - self.mu * x.sum(dim=1)
 
-    def off_diagonal(self, x):
-        src, dst = self._index("_src", x.device), self._index("_dst", x.device)
-        n_src, n_dst = x[:, src], x[:, dst]  # (B, K-1)
-        allowed = ((n_src > 0) & (n_dst < self.n_max)).to(x.dtype)
-        mels = -self.J * torch.sqrt(n_src * (n_dst + 1)) * allowed
-        return n_src - allowed, n_dst + allowed, mels
+    def _term_action(self, a, b, term):
+        # move one particle from a's site to b's when there is one and room for it
+        allowed = ((a > 0) & (b < self.n_max)).to(a.dtype)
+        element = -self.J * torch.sqrt(a * (b + 1)) * allowed
+        return a - allowed, b + allowed, element
 
     def describe(self):
         return {

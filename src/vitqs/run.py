@@ -97,11 +97,10 @@ def build_sampler(config: Config, hamiltonian):
     """Returns a Metropolis sampler, or the exact (full-sum) sampler when asked for."""
     cfg = config.sampler
     if cfg.kind == "full_sum":
-        dim = hamiltonian.hilbert.dimension
-        if dim > _FULL_SUM_MAX_DIM:
+        if not exact.sector_fits(hamiltonian.hilbert, _FULL_SUM_MAX_DIM):
             raise ConfigError(
-                f"sampler.kind=full_sum needs a small sector; this one has {dim:,} states "
-                f"(at most {_FULL_SUM_MAX_DIM:,})"
+                f"sampler.kind=full_sum needs a sector of at most {_FULL_SUM_MAX_DIM:,} states; "
+                f"this one has about 10^{hamiltonian.hilbert.log_dimension() / 2.302585:.1f}"
             )
         return ExactSampler(hamiltonian.hilbert, chunk_size=cfg.chunk_size)
     try:
@@ -136,7 +135,7 @@ def exact_ground_state(config: Config, hamiltonian=None, *, use_cache=True, retu
     enabled = config.exact.enabled
     if enabled is False:
         return None
-    if enabled == "auto" and hamiltonian.hilbert.dimension > config.exact.max_dim:
+    if enabled == "auto" and not exact.sector_fits(hamiltonian.hilbert, config.exact.max_dim):
         return None
     try:
         return exact.ground_state(
@@ -217,14 +216,20 @@ def run_config(
     )
     with _signals_to_flag() as stop:
         _optimize(run, stop, progress, start)
-    return _finish(run, start)
+    # every iteration is done: checkpoint, so an interrupted final measurement resumes here
+    _checkpoint(run, run.seconds_before + time.perf_counter() - start)
+    try:
+        return _finish(run, start)
+    except KeyboardInterrupt:
+        _interrupted(run, signal.SIGINT)
 
 
 def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
     path = results.results_path(config.output.dir, config.name)
     if path.exists() and not (resume or overwrite):
         raise ConfigError(
-            f"results file '{path}' exists; pass --resume to continue it or --overwrite to replace it"
+            f"results file '{path}' exists; "
+            "pass --resume to continue it or --overwrite to replace it"
         )
     if resume and not path.exists():
         raise ConfigError(f"--resume: there is no results file '{path}' to resume")
@@ -242,7 +247,13 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
     if resume:
         return _restore(config, path, hamiltonian, model, sampler, vmc)
     if initial_parameters is not None:
-        model.load_state_dict(initial_parameters)
+        try:
+            model.load_state_dict(initial_parameters)
+        except RuntimeError as err:  # a warm start across points whose models differ in shape
+            reason = str(err).splitlines()[0]
+            raise ConfigError(
+                f"warm_start: the previous point's parameters do not fit this model.* ({reason})"
+            ) from None
     record = _new_record(config, hamiltonian, model)
     results.write_results(path, record)  # claims the name; replaced atomically from now on
     return Run(config, hamiltonian, model, sampler, vmc, record, path)

@@ -9,6 +9,7 @@ run again, so an interrupted sweep resumes at the first unfinished point. The su
 
 from __future__ import annotations
 
+import copy
 import csv
 import difflib
 import io
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from vitqs import results
-from vitqs.config import ConfigError, apply_overrides, from_dict, read_yaml
+from vitqs.config import ConfigError, from_dict, read_yaml, set_dotted
 from vitqs.plots import markdown_table, plot_sweep
 from vitqs.run import run_config
 
@@ -76,8 +77,9 @@ def point_configs(spec: dict) -> list:
     """Returns the validated config of every point (all checked before anything runs)."""
     configs = []
     for point in grid_points(spec["grid"]):
-        overrides = [f"{key}={value}" for key, value in point.items()]
-        data = apply_overrides(spec["base"], overrides)
+        data = copy.deepcopy(spec["base"])
+        for key, value in point.items():
+            set_dotted(data, key, value)
         config = from_dict(data, default_name=_point_name(point))
         config.name = _point_name(point)
         config.output.dir = str(Path(config.output.dir) / spec["name"])

@@ -1,0 +1,179 @@
+"""The ``vitqs`` command line: ``ed`` and ``report`` output, and bad input of every kind
+refused with exit code 2, one line on stderr naming the key, and no results file."""
+
+import h5py
+import pytest
+from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+    assert_one_line_error,
+    keep_torch_threads,
+    last_json,
+    run_files,
+    run_main,
+    tiny_heisenberg,
+    vitqs_process,
+    write_config,
+)
+
+from vitqs import exact
+from vitqs.lattice import Lattice
+from vitqs.operators import Heisenberg
+
+HEISENBERG_4X4 = {
+    "lattice": {"shape": [4, 4], "pbc": True},
+    "hamiltonian": {"kind": "heisenberg", "J1": 1.0},
+}
+
+
+def test_ed_json_matches_exact_ground_state_in_a_subprocess(tmp_path):
+    path = write_config(tmp_path / "square.yaml", HEISENBERG_4X4)
+    process = vitqs_process("ed", path, "--json")
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    summary = last_json(out)
+    assert {"energy", "energy_per_site", "dimension", "seconds"} <= set(summary)
+    reference = exact.ground_state(Heisenberg(Lattice((4, 4)), J1=1.0))
+    assert summary["energy"] == pytest.approx(reference.energy, rel=1e-10)
+    assert summary["energy_per_site"] == pytest.approx(reference.energy / 16, rel=1e-10)
+    assert summary["dimension"] == reference.dimension == 12870
+
+
+def test_ed_set_overrides_scale_the_energy(tmp_path, capsys):
+    path = write_config(tmp_path / "square.yaml", HEISENBERG_4X4)
+    code, out, err = run_main(capsys, "ed", path, "--json")
+    assert code == 0, err
+    energy = last_json(out)["energy"]
+    code, out, err = run_main(capsys, "ed", path, "--json", "--set", "hamiltonian.J1=2")
+    assert code == 0, err
+    assert last_json(out)["energy"] == pytest.approx(2 * energy, rel=1e-10)  # E(2J) = 2E(J)
+
+
+def _mutated(tmp_path, mutate):
+    data = tiny_heisenberg(tmp_path / "out")
+    mutate(data)
+    return write_config(tmp_path / "bad.yaml", data)
+
+
+def _bose_hubbard(**values):
+    return lambda d: d.update(hamiltonian={"kind": "bose_hubbard", "n_particles": 4, **values})
+
+
+# name: (mutation of the tiny config, the key the message must name)
+BAD_CONFIGS = {
+    "unknown_key": (lambda d: d["sampler"].update(n_chain=4), "did you mean 'sampler.n_chains'"),
+    "wrong_type": (lambda d: d["optimizer"].update(n_iter="ten"), "optimizer.n_iter"),
+    "no_lattice": (lambda d: d.pop("lattice"), "lattice"),
+    "no_hamiltonian": (lambda d: d.pop("hamiltonian"), "hamiltonian"),
+    "zero_size": (lambda d: d["lattice"].update(shape=[0]), "lattice.shape"),
+    "negative_chains": (lambda d: d["sampler"].update(n_chains=-16), "sampler.n_chains"),
+    "total_sz": (lambda d: d["hamiltonian"].update(total_sz=0.5), "hamiltonian.total_sz"),
+    "n_particles": (_bose_hubbard(n_particles=-1), "hamiltonian.n_particles"),
+    "n_max": (_bose_hubbard(n_max=0), "hamiltonian.n_max"),
+    "sign_rule": (
+        lambda d: d.update(
+            lattice={"shape": [3, 3]},
+            hamiltonian={"kind": "heisenberg", "sign_rule": True, "total_sz": 0.5},
+        ),
+        "sign_rule",
+    ),
+    "schedule": (lambda d: d["optimizer"].update(lr_schedule="cosine"), "optimizer.lr_final"),
+}
+# errors found only while building the model or sampler, which `vitqs ed` does not do
+BAD_FOR_RUN = {
+    "patch": (lambda d: d["model"].update(patch_size=4), "model.patch_size"),
+    "patch_axes": (lambda d: d["model"].update(patch_size=[2, 2]), "model.patch_size"),
+    "heads": (lambda d: d["model"].update(heads=3), "model.heads"),
+    "chains": (lambda d: d["sampler"].update(n_chains=5), "sampler.n_chains"),
+    "rule": (lambda d: d["sampler"].update(rule="hop"), "sampler.rule"),
+    "max_dim": (lambda d: d.update(exact={"enabled": True, "max_dim": 10}), "exact.max_dim"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+@pytest.mark.parametrize("command", ["ed", "run"])
+def test_bad_config_exits_2_with_one_line(command, case, tmp_path, capsys):
+    mutate, key = BAD_CONFIGS[case]
+    extra = "--quiet" if command == "run" else "--json"
+    code, _, err = run_main(capsys, command, _mutated(tmp_path, mutate), extra)
+    assert_one_line_error(code, err, key)
+    assert run_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FOR_RUN))
+def test_bad_run_config_leaves_no_results_file(case, tmp_path, capsys):
+    mutate, key = BAD_FOR_RUN[case]
+    code, _, err = run_main(capsys, "run", _mutated(tmp_path, mutate), "--quiet")
+    assert_one_line_error(code, err, key)
+    assert run_files(tmp_path) == []
+
+
+def test_ed_refuses_a_sector_over_max_dim(tmp_path, capsys):
+    path = write_config(tmp_path / "square.yaml", {**HEISENBERG_4X4, "exact": {"max_dim": 1000}})
+    code, _, err = run_main(capsys, "ed", path)
+    assert_one_line_error(code, err, "exact.max_dim")
+
+
+@pytest.mark.parametrize("command", ["ed", "run"])
+def test_bad_files_and_arguments_exit_2(command, tmp_path, capsys):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("lattice: {shape: [4]\nhamiltonian: [\n")
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- lattice: {shape: [4]}\n")
+    good = write_config(tmp_path / "good.yaml", tiny_heisenberg(tmp_path / "out"))
+    for argv, text in [
+        ((broken,), "broken.yaml"),
+        ((tmp_path / "missing.yaml",), "missing.yaml"),
+        ((listing,), "mapping"),
+        ((good, "--set", "hamiltonian.J1"), "hamiltonian.J1"),
+        ((good, "--set", "model.d_model=[1"), "model.d_model"),
+        ((good, "--set", "hamiltonian.J1=x"), "hamiltonian.J1"),
+    ]:
+        code, _, err = run_main(capsys, command, *argv)
+        assert_one_line_error(code, err, text)
+    assert run_files(tmp_path) == []
+
+
+def test_resume_and_overwrite_exclude_each_other(tmp_path, capsys):
+    good = write_config(tmp_path / "good.yaml", tiny_heisenberg(tmp_path / "out"))
+    code, _, err = run_main(capsys, "run", good, "--resume", "--overwrite")
+    assert_one_line_error(code, err, "--resume")
+
+
+def test_bad_config_in_a_subprocess_prints_no_traceback(tmp_path):
+    path = _mutated(tmp_path, lambda d: d["model"].update(heads=3))
+    process = vitqs_process("run", path, "--quiet")
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert_one_line_error(process.returncode, err, "model.heads")
+    assert run_files(tmp_path) == []
+
+
+def test_report_refuses_a_missing_path_and_a_foreign_file(tmp_path, capsys):
+    code, _, err = run_main(capsys, "report", tmp_path / "nothing")
+    assert_one_line_error(code, err, "nothing")
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["x"] = [1, 2, 3]
+    code, _, err = run_main(capsys, "report", foreign)
+    assert_one_line_error(code, err, "not a vitqs results file")
+
+
+def test_run_text_without_a_relative_error():
+    # an exact energy of 0 (no particles) has no relative error: the summary must still print
+    from vitqs.cli import _run_text
+
+    summary = {
+        "name": "empty",
+        "n_iter": 1,
+        "n_params": 10,
+        "seconds": 1.0,
+        "seconds_per_iter": float("nan"),
+        "energy": 0.0,
+        "energy_error": 0.0,
+        "variance": 0.0,
+        "v_score": float("nan"),
+        "exact_energy": 0.0,
+        "relative_error": None,
+        "results_file": "empty.h5",
+    }
+    text = _run_text(summary)
+    assert "exact energy" in text and "relative error" not in text

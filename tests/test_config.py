@@ -1,0 +1,228 @@
+"""The config schema: good configs load, every bad one is a one-line ConfigError naming its key."""
+
+import copy
+import dataclasses
+
+import pytest
+import yaml
+from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+    keep_torch_threads,
+    run_main,
+    tiny_heisenberg,
+    write_config,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vitqs import config as cfg
+from vitqs.config import ConfigError, apply_overrides, from_dict, load
+from vitqs.run import build_hamiltonian, build_network, build_sampler, optimizer_settings
+
+
+def _dotted_keys() -> set[str]:
+    keys = {f.name for f in dataclasses.fields(cfg.Config)}
+    sections = dict(cfg._SECTIONS, hamiltonian=cfg.HeisenbergConfig)
+    for section, cls in [*sections.items(), ("hamiltonian", cfg.BoseHubbardConfig)]:
+        keys |= {f"{section}.{f.name}" for f in dataclasses.fields(cls)}
+    return keys
+
+
+KEYS = _dotted_keys()
+
+
+def test_good_config_loads_with_defaults_and_name(tmp_path):
+    path = write_config(tmp_path / "chain.yaml", tiny_heisenberg(tmp_path))
+    path.write_text(path.read_text().replace("name: tiny\n", ""))
+    config = load(path)
+    assert config.name == "chain"  # the file's stem
+    assert config.n_sites == 6
+    assert config.model.attention == "factored"  # a default from the dataclass
+    assert isinstance(config.hamiltonian, cfg.HeisenbergConfig)
+    assert from_dict(config.to_dict()) == config  # the embedded config reloads to itself
+
+
+def test_overrides_set_nested_keys_and_parse_yaml(tmp_path):
+    data = tiny_heisenberg(tmp_path, model=None)
+    data = apply_overrides(data, ["hamiltonian.J1=2", "model.d_model=4", "lattice.shape=[2, 3]"])
+    assert data["hamiltonian"]["J1"] == 2
+    assert data["model"] == {"d_model": 4}  # an empty section in YAML is None
+    assert data["lattice"]["shape"] == [2, 3]
+
+
+def test_real_accepts_yaml_exponent_strings(tmp_path):
+    config = from_dict(tiny_heisenberg(tmp_path, optimizer={"lr": "1e-3"}))
+    assert config.optimizer.lr == 1e-3
+
+
+BAD = {
+    # name: (mutation of the tiny config data, text the one-line message must hold)
+    "unknown_top": (lambda d: d.update(sampeler={}), "did you mean 'sampler'"),
+    "unknown_nested": (lambda d: d["model"].update(d_modle=8), "did you mean 'model.d_model'"),
+    "unknown_far": (lambda d: d["model"].update(zzz=1), "model.zzz"),
+    "type_int": (lambda d: d["model"].update(d_model="big"), "model.d_model"),
+    "type_float_for_int": (lambda d: d["sampler"].update(n_samples=64.5), "sampler.n_samples"),
+    "type_bool": (lambda d: d["lattice"].update(pbc="yes"), "lattice.pbc"),
+    "type_bool_for_int": (lambda d: d["model"].update(layers=True), "model.layers"),
+    "type_real": (lambda d: d["hamiltonian"].update(J1=[1]), "hamiltonian.J1"),
+    "real_nan": (lambda d: d["hamiltonian"].update(J1=".nan"), "hamiltonian.J1"),
+    "real_huge_int": (lambda d: d["hamiltonian"].update(J2=10**400), "hamiltonian.J2"),
+    "choice": (lambda d: d["model"].update(attention="sparse"), "model.attention"),
+    "section_not_mapping": (lambda d: d.update(model=[1, 2]), "model"),
+    "no_lattice": (lambda d: d.pop("lattice"), "lattice"),
+    "no_hamiltonian": (lambda d: d.pop("hamiltonian"), "hamiltonian"),
+    "no_shape": (lambda d: d["lattice"].pop("shape"), "lattice.shape"),
+    "no_kind": (lambda d: d["hamiltonian"].pop("kind"), "hamiltonian.kind"),
+    "kind_typo": (lambda d: d["hamiltonian"].update(kind="heisenburg"), "did you mean"),
+    "kind_unhashable": (lambda d: d["hamiltonian"].update(kind=["heisenberg"]), "hamiltonian.kind"),
+    "shape_zero": (lambda d: d["lattice"].update(shape=[0]), "lattice.shape"),
+    "shape_negative": (lambda d: d["lattice"].update(shape=[4, -2]), "lattice.shape"),
+    "shape_3d": (lambda d: d["lattice"].update(shape=[2, 2, 2]), "lattice.shape"),
+    "n_samples_zero": (lambda d: d["sampler"].update(n_samples=0), "sampler.n_samples"),
+    "lr_zero": (lambda d: d["optimizer"].update(lr=0), "optimizer.lr"),
+    "total_sz_odd": (lambda d: d["hamiltonian"].update(total_sz=0.5), "hamiltonian.total_sz"),
+    "total_sz_big": (lambda d: d["hamiltonian"].update(total_sz=4), "hamiltonian.total_sz"),
+    "bh_n_negative": (
+        lambda d: d.update(hamiltonian={"kind": "bose_hubbard", "n_particles": -1}),
+        "hamiltonian.n_particles",
+    ),
+    "bh_n_max_zero": (
+        lambda d: d.update(hamiltonian={"kind": "bose_hubbard", "n_particles": 2, "n_max": 0}),
+        "hamiltonian.n_max",
+    ),
+    "bh_too_many": (
+        lambda d: d.update(hamiltonian={"kind": "bose_hubbard", "n_particles": 13, "n_max": 2}),
+        "hamiltonian.n_particles",
+    ),
+    "bh_spin_key": (
+        lambda d: d.update(hamiltonian={"kind": "bose_hubbard", "n_particles": 2, "J1": 1}),
+        "hamiltonian.J1",
+    ),
+    "device": (lambda d: d.update(device="gpu"), "device"),
+    "seed_negative": (lambda d: d.update(seed=-1), "seed"),
+    "seed_huge": (lambda d: d.update(seed=2**70), "seed"),
+    "name_path": (lambda d: d.update(name="a/b"), "name"),
+    "name_hidden": (lambda d: d.update(name=".x"), "name"),
+    "schedule_no_final": (
+        lambda d: d["optimizer"].update(lr_schedule="exponential"),
+        "optimizer.lr_final",
+    ),
+    "schedule_exp_zero": (
+        lambda d: d["optimizer"].update(
+            diag_shift=0, diag_shift_final=1e-4, diag_shift_schedule="exponential"
+        ),
+        "optimizer.diag_shift",
+    ),
+    "exact_enabled": (lambda d: d.update(exact={"enabled": 1}), "exact.enabled"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_is_one_line_error_naming_the_key(case, tmp_path):
+    mutate, expected = BAD[case]
+    data = tiny_heisenberg(tmp_path)
+    mutate(data)
+    with pytest.raises(ConfigError) as info:
+        from_dict(data)
+    message = str(info.value)
+    assert "\n" not in message
+    assert expected in message
+
+
+def test_unreadable_files_are_config_errors(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("lattice:\n  shape: [4\nhamiltonian: {kind: heisenberg}\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        load(broken)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(tmp_path / "missing.yaml")
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- lattice\n- hamiltonian\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load(listing)
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load(write_config(tmp_path / "good.yaml", tiny_heisenberg(tmp_path)), ["J1"])
+
+
+# ---- hypothesis: mutations of a good config ------------------------------------------------
+
+WRONG_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 0),  # out of range for every size, count and rate
+    st.floats(allow_nan=False, allow_infinity=False, min_value=-1e3, max_value=1e3),
+    st.text(max_size=5),
+    st.lists(st.integers(-3, 3), max_size=3),
+    st.dictionaries(st.sampled_from(["a", "kind", "shape"]), st.integers(0, 3), max_size=2),
+)
+
+
+def _leaves(data, prefix=()):
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, (*prefix, key))
+        yield (*prefix, key)
+
+
+@st.composite
+def mutations(draw):
+    data = tiny_heisenberg("unused")  # vitqs ed writes nothing there
+    paths = list(_leaves(data))
+    kind = draw(st.sampled_from(["replace", "delete", "add"]))
+    path = draw(st.sampled_from(paths))
+    node = data
+    for part in path[:-1]:
+        node = node[part]
+    if kind == "replace":
+        node[path[-1]] = draw(WRONG_VALUES)
+    elif kind == "delete":
+        del node[path[-1]]
+    else:
+        path = (*path[:-1], draw(st.sampled_from(["colour", "d_mdoel", "patchsize", "spin"])))
+        node[path[-1]] = 1
+    return kind, ".".join(path), data
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(mutation=mutations())
+def test_mutated_config_is_valid_or_a_one_line_error_naming_a_key(mutation, tmp_path, capsys):
+    kind, dotted, data = mutation
+    path = write_config(tmp_path / "mutant.yaml", data)
+    code, _, err = run_main(capsys, "ed", path)
+    if code == 0:
+        # valid: the building blocks of a run must accept it too, or refuse it as bad config
+        config = load(path)
+        try:
+            hamiltonian = build_hamiltonian(config)
+            build_network(config, hamiltonian)
+            build_sampler(config, hamiltonian)
+            optimizer_settings(config)
+        except ConfigError as error:
+            assert "\n" not in str(error)
+        return
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    if kind in ("add", "delete") and dotted not in ("lattice", "hamiltonian"):
+        # a deleted key with a default is valid; a failing one is the deleted or added key
+        assert dotted in err or dotted.split(".")[0] in err, err
+    else:
+        assert any(key in err for key in KEYS), err
+
+
+def test_overrides_do_not_touch_the_input():
+    data = {"lattice": {"shape": [4]}}
+    copied = copy.deepcopy(data)
+    apply_overrides(data, ["lattice.shape=[6]"])
+    assert data == copied
+
+
+def test_override_into_a_list_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="lattice.shape"):
+        apply_overrides(tiny_heisenberg(tmp_path), ["lattice.shape.x=1"])
+
+
+def test_to_dict_round_trips_through_yaml(tmp_path):
+    config = from_dict(tiny_heisenberg(tmp_path))
+    assert from_dict(yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config

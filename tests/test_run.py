@@ -1,0 +1,227 @@
+"""``vitqs run``: the results file layout, refusing to overwrite, resuming after SIGKILL and
+SIGINT to the same energies, and clear errors on truncated or foreign files."""
+
+import json
+import os
+import signal
+import time
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+    assert_one_line_error,
+    keep_torch_threads,
+    last_json,
+    run_main,
+    tiny_bose_hubbard,
+    tiny_heisenberg,
+    vitqs_process,
+    write_config,
+)
+
+from vitqs import results
+from vitqs.config import from_dict
+from vitqs.results import EXACT_FIELDS, FINAL_FIELDS, HISTORY_FIELDS
+from vitqs.run import run_config
+
+SUMMARY_KEYS = {
+    "name",
+    "energy",
+    "energy_error",
+    "variance",
+    "v_score",
+    "exact_energy",
+    "relative_error",
+    "n_params",
+    "n_iter",
+    "seconds",
+    "seconds_per_iter",
+    "results_file",
+}
+
+
+@pytest.mark.parametrize("make", [tiny_heisenberg, tiny_bose_hubbard])
+def test_run_writes_the_documented_layout(make, tmp_path, capsys):
+    data = make(tmp_path / "out")
+    path = write_config(tmp_path / "tiny.yaml", data)
+    code, out, err = run_main(capsys, "run", path, "--json", "--quiet")
+    assert code == 0, err
+    summary = last_json(out)
+    assert set(summary) == SUMMARY_KEYS
+    n_iter = data["optimizer"]["n_iter"]
+    assert summary["n_iter"] == n_iter
+    assert summary["relative_error"] == pytest.approx(
+        abs(summary["energy"] - summary["exact_energy"]) / abs(summary["exact_energy"])
+    )
+    h5 = tmp_path / "out" / f"{data['name']}.h5"
+    assert summary["results_file"] == str(h5)
+    with h5py.File(h5, "r") as f:
+        attrs = f.attrs
+        assert attrs["format"] == "vitqs-results" and attrs["status"] == "finished"
+        assert attrs["seed"] == data["seed"]
+        embedded = from_dict(yaml.safe_load(attrs["config_yaml"]))
+        assert embedded.hamiltonian.kind == data["hamiltonian"]["kind"]
+        assert "torch" in json.loads(attrs["versions_json"])
+        assert "S = sigma/2" in attrs["conventions"]
+        assert set(f["history"]) == set(HISTORY_FIELDS)
+        for name in HISTORY_FIELDS:
+            assert f["history"][name].shape == (n_iter,)
+        np.testing.assert_array_equal(f["history/step"][()], np.arange(n_iter))
+        assert set(EXACT_FIELDS) <= set(f["exact"].attrs)
+        assert f["exact"].attrs["energy"] == summary["exact_energy"]
+        assert set(FINAL_FIELDS) <= set(f["final"].attrs)
+        assert f["final"].attrs["energy"] == summary["energy"]
+        assert len(f["final/observables"]) > 0
+        assert f["checkpoint"].attrs["step"] == n_iter
+
+
+def test_second_run_refuses_and_leaves_the_file(tmp_path, capsys):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    before, mtime = h5.read_bytes(), h5.stat().st_mtime_ns
+    code, _, err = run_main(capsys, "run", path, "--quiet")
+    assert_one_line_error(code, err, "--overwrite")
+    assert h5.read_bytes() == before and h5.stat().st_mtime_ns == mtime
+
+
+def _checkpoint_step(h5) -> int:
+    try:
+        with h5py.File(h5, "r") as f:
+            return int(f["checkpoint"].attrs["step"]) if "checkpoint" in f else 0
+    except (OSError, KeyError):  # not written yet
+        return 0
+
+
+def _wait_for_checkpoint(process, h5, timeout=120.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        step = _checkpoint_step(h5)
+        if step >= 1:
+            return step
+        assert process.poll() is None, process.communicate()[1]
+        time.sleep(0.02)
+    process.kill()
+    raise AssertionError("no checkpoint appeared")
+
+
+def _history(h5) -> dict:
+    with h5py.File(h5, "r") as f:
+        return {name: f["history"][name][()] for name in ("step", "energy")}
+
+
+N_ITER = 20  # long enough that a signal after the first checkpoint lands mid-run
+RESUME_SECTIONS = {"optimizer": {"n_iter": N_ITER}, "output": {"checkpoint_every": 3}}
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_gives_the_same_run(tmp_path, capsys):
+    straight = tiny_heisenberg(tmp_path / "straight", **RESUME_SECTIONS)
+    expected = run_config(from_dict(straight), progress=False)
+
+    data = tiny_heisenberg(tmp_path / "killed", **RESUME_SECTIONS)
+    path = write_config(tmp_path / "tiny.yaml", data)
+    h5 = tmp_path / "killed" / "tiny.h5"
+    process = vitqs_process("run", path, "--quiet")
+    step = _wait_for_checkpoint(process, h5)
+    process.kill()  # SIGKILL: no handler runs
+    process.wait()
+    if step == N_ITER and process.returncode == 0:
+        pytest.skip("the run finished before it could be killed")
+    assert len(_history(h5)["step"]) >= step
+
+    code, out, err = run_main(capsys, "run", path, "--resume", "--quiet", "--json")
+    assert code == 0, err
+    history = _history(h5)
+    np.testing.assert_array_equal(history["step"], np.arange(N_ITER))  # each step exactly once
+    np.testing.assert_array_equal(history["energy"], _history(expected["results_file"])["energy"])
+    assert last_json(out)["energy"] == pytest.approx(expected["energy"], abs=1e-12)
+
+
+@pytest.mark.slow
+def test_sigint_checkpoints_then_resume_completes(tmp_path, capsys):
+    data = tiny_heisenberg(tmp_path / "out", **RESUME_SECTIONS)
+    path = write_config(tmp_path / "tiny.yaml", data)
+    h5 = tmp_path / "out" / "tiny.h5"
+    process = vitqs_process("run", path, "--quiet")
+    _wait_for_checkpoint(process, h5)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert "--resume" in err and "Traceback" not in err
+    record = results.read_results(h5)
+    assert record.status == "interrupted"
+    assert record.checkpoint_step == len(record.history) >= 1
+
+    code, out, err = run_main(capsys, "run", path, "--resume", "--quiet", "--json")
+    assert code == 0, err
+    assert last_json(out)["n_iter"] == N_ITER
+    np.testing.assert_array_equal(_history(h5)["step"], np.arange(N_ITER))
+    assert results.read_results(h5).status == "finished"
+
+
+def test_resume_refuses_a_changed_hamiltonian_and_continues_a_raised_n_iter(tmp_path, capsys):
+    data = tiny_bose_hubbard(tmp_path / "out")
+    path = write_config(tmp_path / "tiny.yaml", data)
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny_bh.h5"
+    before = h5.read_bytes()
+
+    code, _, err = run_main(capsys, "run", path, "--resume", "--set", "hamiltonian.U=5")
+    assert_one_line_error(code, err, "hamiltonian.U")
+    code, _, err = run_main(capsys, "run", path, "--resume")
+    assert_one_line_error(code, err, "optimizer.n_iter")  # finished: nothing to continue
+    assert h5.read_bytes() == before
+
+    code, out, err = run_main(
+        capsys, "run", path, "--resume", "--quiet", "--json", "--set", "optimizer.n_iter=6"
+    )
+    assert code == 0, err
+    assert last_json(out)["n_iter"] == 6
+    history = _history(h5)
+    np.testing.assert_array_equal(history["step"], np.arange(6))
+    record = results.read_results(h5)
+    assert record.status == "finished" and record.checkpoint_step == 6
+
+
+def test_resume_without_a_file_is_an_error(tmp_path, capsys):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    code, _, err = run_main(capsys, "run", path, "--resume")
+    assert_one_line_error(code, err, "tiny.h5")
+
+
+def test_truncated_and_foreign_files_are_one_line_errors(tmp_path, capsys):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    content = h5.read_bytes()
+    h5.write_bytes(content[: len(content) // 2])
+    for argv in (("run", path, "--resume", "--set", "optimizer.n_iter=8"), ("report", h5)):
+        code, _, err = run_main(capsys, *argv)
+        assert_one_line_error(code, err, "tiny.h5")
+
+    with h5py.File(h5, "w") as f:  # a foreign HDF5 file under the run's name
+        f.attrs["format"] = "something-else"
+        f["data"] = np.zeros(3)
+    for argv in (("run", path, "--resume", "--set", "optimizer.n_iter=8"), ("report", h5)):
+        code, _, err = run_main(capsys, *argv)
+        assert_one_line_error(code, err, "not a vitqs results file")
+    assert os.listdir(tmp_path / "out") == ["tiny.h5"]
+
+
+def test_report_writes_figures_and_a_table(tmp_path, capsys):
+    for name in ("first", "second"):
+        data = tiny_heisenberg(tmp_path / "out")
+        data["name"] = name
+        config = write_config(tmp_path / f"{name}.yaml", data)
+        assert run_main(capsys, "run", config, "--quiet")[0] == 0
+    code, out, err = run_main(capsys, "report", tmp_path / "out")
+    assert code == 0, err
+    assert "| name |" in out and "| first |" in out and "| second |" in out
+    for name in ("first", "second"):
+        for figure in ("energy.png", "relative_error.png", "variance.png"):
+            png = tmp_path / "out" / name / figure
+            assert png.read_bytes()[:4] == b"\x89PNG"
+            assert str(png) in out

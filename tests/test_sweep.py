@@ -1,0 +1,111 @@
+"""``vitqs sweep``: tables and figures of a warm-started grid, and resuming without re-running
+finished points."""
+
+import csv
+
+import pytest
+import torch
+import yaml
+from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+    assert_one_line_error,
+    keep_torch_threads,
+    last_json,
+    run_files,
+    run_main,
+    tiny_bose_hubbard,
+    write_config,
+)
+
+from vitqs import results, sweep
+from vitqs.run import run_config
+
+
+def _write_sweep(tmp_path, **spec):
+    write_config(tmp_path / "base.yaml", tiny_bose_hubbard(tmp_path / "out"))
+    spec = {"base": "base.yaml", "name": "u_scan", "sweep": {"hamiltonian.U": [2.0, 6.0]}, **spec}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.slow
+def test_sweep_writes_tables_figures_and_resumes(tmp_path, capsys, monkeypatch):
+    warm = []
+
+    def recording_run_config(config, **kwargs):
+        warm.append(kwargs.get("initial_parameters"))
+        return run_config(config, **kwargs)
+
+    monkeypatch.setattr(sweep, "run_config", recording_run_config)
+    path = _write_sweep(tmp_path, warm_start=True)
+    code, out, err = run_main(capsys, "sweep", path, "--quiet", "--json")
+    assert code == 0, err
+    folder = tmp_path / "out" / "u_scan"
+    first, second = folder / "U=2.0.h5", folder / "U=6.0.h5"
+    # the second point started from the first point's final parameters
+    assert warm[0] is None
+    final_first = results.load_checkpoint(results.read_results(first))["model"]
+    assert all(torch.equal(warm[1][k], v) for k, v in final_first.items())
+    summary = last_json(out)
+    assert summary["name"] == "u_scan"
+    assert [point["U"] for point in summary["points"]] == [2.0, 6.0]
+    for point, h5 in zip(summary["points"], (first, second), strict=True):
+        record = results.read_results(h5)
+        assert record.status == "finished"
+        assert point["energy"] == record.final["energy"]
+        assert point["exact_energy"] == record.exact["energy"]
+    with open(folder / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(row["U"]) for row in rows] == [2.0, 6.0]
+    assert "| U |" in (folder / "summary.md").read_text()
+    for figure in ("energy_per_site.png", "relative_error.png", "order_parameter.png"):
+        assert (folder / figure).read_bytes()[:4] == b"\x89PNG"
+        assert str(folder / figure) in out
+
+    # interrupted after the first point: the second file is gone, the first is read back
+    mtime = first.stat().st_mtime_ns
+    second.unlink()
+    code, out, err = run_main(capsys, "sweep", path, "--quiet", "--json")
+    assert code == 0, err
+    assert first.stat().st_mtime_ns == mtime
+    assert results.read_results(second).status == "finished"
+    assert len(last_json(out)["points"]) == 2
+
+    # a second point left unfinished with a checkpoint is resumed, not started again
+    record = results.read_results(second)
+    record.status, record.final, record.observables = "interrupted", None, {}
+    results.write_results(second, record)
+    code, out, err = run_main(capsys, "sweep", path, "--quiet")
+    assert code == 0, err
+    assert first.stat().st_mtime_ns == mtime
+    assert results.read_results(second).status == "finished"
+    assert run_files(folder) == ["U=2.0.h5", "U=6.0.h5"]
+
+
+@pytest.mark.parametrize(
+    "spec, key",
+    [
+        ({"sweeep": {"hamiltonian.U": [1]}}, "did you mean 'sweep'"),
+        ({"sweep": {"hamiltonian.U": 3}}, "sweep.hamiltonian.U"),
+        ({"sweep": {"hamiltonian.UU": [1, 2]}}, "hamiltonian.UU"),
+        ({"sweep": {"hamiltonian.U": [1, "x"]}}, "hamiltonian.U"),
+        ({"warm_start": "yes"}, "warm_start"),
+        ({"base": "missing.yaml"}, "missing.yaml"),
+    ],
+)
+def test_bad_sweep_files_exit_2_before_running(spec, key, tmp_path, capsys):
+    path = _write_sweep(tmp_path, **spec)
+    if "sweeep" in spec:
+        data = yaml.safe_load(path.read_text())
+        del data["sweep"]
+        path.write_text(yaml.safe_dump(data))
+    code, _, err = run_main(capsys, "sweep", path, "--quiet")
+    assert_one_line_error(code, err, key)
+    assert run_files(tmp_path) == []
+
+
+def test_warm_start_across_different_models_is_a_config_error(tmp_path, capsys):
+    path = _write_sweep(tmp_path, warm_start=True, sweep={"model.d_model": [4, 8]})
+    code, _, err = run_main(capsys, "sweep", path, "--quiet")
+    assert_one_line_error(code, err, "warm_start")
+    assert run_files(tmp_path / "out" / "u_scan") == ["d_model=4.h5"]
