@@ -140,7 +140,7 @@ class _FixedSector(ABC):
         return table
 
     def code_index(self, codes: np.ndarray) -> np.ndarray:
-        """Returns the index of each code ``(B,)``; raises ValueError for codes outside the sector."""
+        """Returns the index of each code ``(B,)``; ValueError for codes outside the sector."""
         codes = np.asarray(codes, dtype=np.int64)
         rank = np.zeros(codes.shape, dtype=np.int64)
         used = np.zeros(codes.shape, dtype=np.int64)
@@ -299,7 +299,7 @@ class Bosons(_FixedSector):
         return partial
 
     def random_states(self, n_states: int, generator: torch.Generator, device=None):
-        """Returns ``(n_states, n_sites)`` random valid occupations (float64), one particle at a time.
+        """Returns ``(n_states, n_sites)`` random valid occupations (float64), placed one by one.
 
         Each particle goes to a uniformly chosen site that is below ``n_max``.
         """

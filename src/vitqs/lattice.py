@@ -60,7 +60,7 @@ class Lattice:
 
     @cached_property
     def coords(self) -> np.ndarray:
-        """Returns integer coordinates ``(n_sites, ndim)``; row ``i`` holds the site's ``(x, y)``."""
+        """Returns integer coordinates ``(n_sites, ndim)``; row ``i`` holds site i's ``(x, y)``."""
         lx, ly = self.extent
         site = np.arange(self.n_sites)
         xy = np.stack([site % lx, site // lx], axis=1)

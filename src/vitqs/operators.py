@@ -169,8 +169,9 @@ class Heisenberg(Hamiltonian):
     def __init__(self, lattice: Lattice, J1=1.0, J2=0.0, sign_rule=False, total_sz=0.0):
         if sign_rule and not lattice.is_bipartite():
             raise ValueError(
-                f"hamiltonian.sign_rule=true needs a bipartite lattice; shape={list(lattice.shape)} "
-                f"with pbc={lattice.pbc} is not (use even extents or open boundaries)"
+                "hamiltonian.sign_rule=true needs a bipartite lattice; "
+                f"shape={list(lattice.shape)} with pbc={lattice.pbc} is not "
+                "(use even extents or open boundaries)"
             )
         self.lattice = lattice
         self.hilbert = SpinHalf(lattice.n_sites, total_sz)
@@ -210,7 +211,9 @@ class Heisenberg(Hamiltonian):
 
 
 class BoseHubbard(Hamiltonian):
-    """Bose-Hubbard model at fixed N, ``H = −J Σ_<ij> (b_i† b_j + h.c.) + (U/2) Σ_i n_i(n_i − 1) − μ Σ_i n_i``.
+    """Bose-Hubbard model at fixed N.
+
+    ``H = −J Σ_<ij> (b_i† b_j + h.c.) + (U/2) Σ_i n_i(n_i − 1) − μ Σ_i n_i``.
 
     Each nearest-neighbour bond gives two terms, a hop each way; a hop from ``s`` to ``d`` has
     element ``−J √n_s √(n_d + 1)`` and is allowed when ``n_s > 0`` and ``n_d < n_max``.
