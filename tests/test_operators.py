@@ -152,3 +152,13 @@ def test_heisenberg_diagonal_of_neel_state():
 
 def test_hilbert_space_is_spin_half_for_heisenberg():
     assert isinstance(Heisenberg(Lattice((4,))).hilbert, SpinHalf)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_get_conn_padded_on_cuda_equals_cpu(tiny_hamiltonian, generator):
+    x = tiny_hamiltonian.hilbert.random_states(32, generator)
+    x_cpu, mels_cpu = tiny_hamiltonian.get_conn_padded(x)
+    x_gpu, mels_gpu = tiny_hamiltonian.get_conn_padded(x.cuda())
+    assert torch.equal(x_gpu.cpu(), x_cpu)
+    torch.testing.assert_close(mels_gpu.cpu(), mels_cpu, rtol=0, atol=1e-14)
