@@ -225,3 +225,21 @@ def test_report_writes_figures_and_a_table(tmp_path, capsys):
             png = tmp_path / "out" / name / figure
             assert png.read_bytes()[:4] == b"\x89PNG"
             assert str(png) in out
+
+
+def test_max_seconds_stops_the_loop_and_still_measures(tmp_path):
+    # a budget spent by the first step: one iteration, then the usual final measurement
+    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 50, "max_seconds": 1e-6})
+    summary = run_config(from_dict(data), progress=False)
+    assert summary["n_iter"] == 1
+    record = results.read_results(summary["results_file"])
+    assert record.status == "finished" and record.final["energy"] == summary["energy"]
+
+
+def test_max_seconds_must_be_positive_or_null(tmp_path):
+    from vitqs.config import ConfigError
+
+    data = tiny_heisenberg(tmp_path, optimizer={"max_seconds": 0})
+    with pytest.raises(ConfigError, match="optimizer.max_seconds"):
+        from_dict(data)
+    assert from_dict(tiny_heisenberg(tmp_path)).optimizer.max_seconds is None

@@ -229,6 +229,9 @@ class OptimizerConfig:
     diag_shift_final: float | None = option(None, optional(real(minimum=0.0)))
     diag_shift_schedule: str = option("constant", choice("constant", "exponential", "cosine"))
     n_iter: int = option(300, integer(1))
+    # wall-clock budget of the optimisation loop in seconds (null: none); schedules still run
+    # over n_iter, so a run stopped by the budget ends before its schedule does
+    max_seconds: float | None = option(None, optional(real(positive=True)))
 
 
 @dataclass

@@ -42,6 +42,7 @@ _RESUMABLE_CHANGES = (
     "output.dir",
     "exact.enabled",
     "exact.max_dim",
+    "optimizer.max_seconds",
 )
 _FULL_SUM_MAX_DIM = 200_000
 
@@ -119,9 +120,10 @@ def build_sampler(config: Config, hamiltonian):
 
 def optimizer_settings(config: Config) -> OptimizerSettings:
     """Returns the VMC optimizer settings of ``config.optimizer``."""
-    cfg = config.optimizer
+    settings = dataclasses.asdict(config.optimizer)
+    settings.pop("max_seconds")  # the wall-clock budget is the shell's loop's business
     try:
-        return OptimizerSettings(**dataclasses.asdict(cfg))
+        return OptimizerSettings(**settings)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -372,6 +374,8 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
         dynamic_ncols=True,
         leave=True,
     )
+    max_seconds = config.optimizer.max_seconds
+    loop_start = time.perf_counter()
     try:
         for result in run.vmc.run(config.optimizer.n_iter - done):
             record.append_history(_history_row(result, exact_energy))
@@ -382,6 +386,9 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
                 _checkpoint(run, run.seconds_before + time.perf_counter() - start)
             if stop:
                 _interrupted(run, stop["signal"])
+            spent = run.seconds_before + time.perf_counter() - loop_start
+            if max_seconds is not None and spent >= max_seconds:
+                break  # the budget is spent: measure the state reached so far
     except NonFiniteEnergyError as err:
         record.status = "interrupted"
         results.write_results(run.path, record)

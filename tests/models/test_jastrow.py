@@ -74,3 +74,39 @@ def test_starts_at_one_and_is_translation_invariant():
     log_j = model(x)
     for perm in lattice.translations:
         torch.testing.assert_close(model(x[:, perm]), log_j, rtol=0, atol=1e-12)
+
+
+def test_onsite_table_is_looked_up_per_site():
+    lattice = Lattice((4, 2))
+    states = (0, 1, 2, 3)
+    model = Jastrow(lattice.shape, lattice.pbc, local_states=states)
+    assert sum(p.numel() for p in model.parameters()) == model.v.numel() + len(states)
+    torch.nn.init.normal_(model.v)
+    torch.nn.init.normal_(model.onsite)
+    x = random_bosons(5, lattice.n_sites, n_max=3)
+    table = model.onsite.detach().numpy()
+    pair = np.einsum("bi,ij,bj->b", x.numpy(), model.couplings().detach().numpy(), x.numpy())
+    expected = pair + table[x.numpy().astype(int)].sum(axis=1)
+    np.testing.assert_allclose(model(x).real.detach().numpy(), expected, rtol=1e-12)
+
+
+def test_boson_jastrow_starts_at_the_exact_free_boson_ground_state():
+    # at U = 0 all N bosons sit in the k = 0 orbital: ψ(n) ∝ (N!/Π n_i!)^½, i.e. v = 0 and
+    # u(n) = −½ log n!, the initial table; its local energy is −2 J N on a periodic chain for
+    # every configuration (zero variance)
+    from vitqs.estimators import local_energy
+    from vitqs.operators import BoseHubbard
+
+    lattice = Lattice((5,))
+    hamiltonian = BoseHubbard(lattice, 1.0, 0.0, 0.0, 4, None)
+    states = tuple(hamiltonian.hilbert.local_states)
+    model = Jastrow(lattice.shape, lattice.pbc, local_states=states)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    e_loc = local_energy(hamiltonian, model, x)
+    torch.testing.assert_close(e_loc.real, torch.full_like(e_loc.real, -8.0), rtol=0, atol=1e-10)
+    assert torch.all(e_loc.imag.abs() < 1e-12)
+
+
+def test_onsite_table_needs_occupations():
+    with pytest.raises(ValueError, match=r"local_states=\(-1, 1, 3\) must be occupations"):
+        Jastrow((4,), local_states=(-1, 1, 3))

@@ -144,3 +144,13 @@ def test_bad_options_are_clear_errors(kwargs, message):
     args = dict(lattice_shape=(4, 4), patch_size=2, d_model=8, heads=2, layers=1) | kwargs
     with pytest.raises(ValueError, match=message):
         ViT(**args)
+
+
+def test_boson_jastrow_carries_an_onsite_table_over_the_occupations():
+    plain = ViT((8,), 2, 8, 2, 1, embedding="onehot", local_states=(0, 1, 2, 3))
+    with_jastrow = ViT(
+        (8,), 2, 8, 2, 1, embedding="onehot", local_states=(0, 1, 2, 3), jastrow=True
+    )
+    # periodic chain of 8: (8 + 2 − 2)/2 = 4 couplings v(r), plus u(n) for n = 0..3
+    assert _n_params(with_jastrow) - _n_params(plain) == 4 + 4
+    assert with_jastrow.jastrow.onsite is not None

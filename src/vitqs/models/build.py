@@ -66,7 +66,8 @@ def _build_bare(cfg, lattice, hilbert) -> nn.Module:
     """Returns the unsymmetrized model of ``cfg.kind``."""
     patch_size = cfg.patch_size if np.ndim(cfg.patch_size) == 0 else tuple(cfg.patch_size)
     if cfg.kind == "jastrow":
-        return Jastrow(lattice.shape, lattice.pbc)
+        states = tuple(hilbert.local_states)
+        return Jastrow(lattice.shape, lattice.pbc, local_states=states if len(states) > 2 else None)
     if cfg.kind == "simple_vit":
         return SimpleViT(lattice.shape, patch_size, cfg.d_model, cfg.heads)
     return ViT(

@@ -44,33 +44,64 @@ def _displacement_code(delta: np.ndarray, lx: int, ly: int, pbc: bool) -> np.nda
 
 
 class Jastrow(nn.Module):
-    """Returns ``log J(x) = Σ_{i≠j} v(r_i − r_j) x_i x_j + g Σ_i x_i²`` as a complex ``(B,)``.
+    """Returns ``log J(x) = Σ_{i≠j} v(r_i − r_j) x_i x_j + Σ_i u(x_i)`` as a complex ``(B,)``.
 
     The couplings ``v`` are translation invariant and symmetric, ``v(r) = v(−r)`` (see
-    ``pair_classes``); ``v`` and ``g`` are real and start at zero, so ``J = 1`` at
-    initialisation and a model it multiplies starts unchanged. The result is real (imaginary part
-    zero): enough for bosons and for spins whose sign is carried elsewhere. Used alone or as a
-    factor on a ViT (Denis, Sinibaldi & Carleo, arXiv:2404.07869).
+    ``pair_classes``). The on-site term ``u`` is ``u(x) = g x²`` by default; with
+    ``local_states`` it is a free table ``u(n)`` over the values a site can take (a Gutzwiller
+    factor), which bosons need: the exact ``U = 0`` ground state has ``log ψ = −½ Σ_i log n_i!``
+    (all N bosons in the k = 0 orbital) and large ``U`` suppresses each multiple occupancy by
+    its own factor, neither of which is quadratic in ``n``. Parameters are real; ``v`` and ``g``
+    start at zero, so without a table ``J = 1`` at initialisation and a model it multiplies
+    starts unchanged; the table starts at ``u(n) = −½ log n!``, so with ``v = 0`` the factor
+    is exactly the free-boson (U = 0) ground state, a far better start than the uniform
+    amplitude over the Fock sector. The result is real (imaginary part zero): enough for
+    bosons (a stoquastic ``H``, positive ground state) and for spins whose sign is carried
+    elsewhere. Used alone or as a factor on a ViT (Denis, Sinibaldi & Carleo,
+    arXiv:2404.07869).
 
     Args:
         lattice_shape: ``(L,)`` or ``(Lx, Ly)``, sites row-major.
         pbc: wrap displacements periodically.
+        local_states: the site values ``(n_states,)`` for the on-site table ``u``; None keeps
+            the single parameter ``g``.
     """
 
-    def __init__(self, lattice_shape: tuple[int, ...], pbc: bool = True):
+    def __init__(
+        self, lattice_shape: tuple[int, ...], pbc: bool = True, local_states: tuple | None = None
+    ):
         super().__init__()
         pair_class, n_classes = pair_classes(lattice_shape, pbc)
         self.register_buffer("pair_class", torch.as_tensor(pair_class), persistent=False)
         self.v = nn.Parameter(torch.zeros(n_classes, dtype=torch.float64))
-        self.g = nn.Parameter(torch.zeros((), dtype=torch.float64))
+        if local_states is None:
+            self.g = nn.Parameter(torch.zeros((), dtype=torch.float64))
+            self.onsite = None
+        else:
+            states = torch.as_tensor(tuple(local_states), dtype=torch.float64)
+            if torch.any(states < 0) or torch.any(states != states.round()):
+                raise ValueError(
+                    f"Jastrow local_states={tuple(local_states)} must be occupations 0, 1, 2, ..."
+                )
+            self.register_buffer("local_states", states, persistent=False)
+            # u(n) = −½ log n!: the exact U = 0 ground state; the uniform state instead puts
+            # most weight on multiple occupancies, and the first SR steps then overshoot
+            self.onsite = nn.Parameter(-0.5 * torch.lgamma(states + 1))
 
     def couplings(self) -> torch.Tensor:
         """Returns ``V_ij = v(r_i − r_j)`` ``(n_sites, n_sites)``, with zero diagonal."""
         v_with_diagonal = torch.cat([self.v, self.v.new_zeros(1)])
         return v_with_diagonal[self.pair_class]
 
+    def onsite_term(self, x: torch.Tensor) -> torch.Tensor:
+        """Returns ``Σ_i u(x_i)`` ``(B,)``."""
+        if self.onsite is None:
+            return self.g * (x * x).sum(dim=-1)
+        onehot = (x[..., None] == self.local_states).to(x.dtype)  # (batch, site, state)
+        return einsum(onehot, self.onsite, "batch site state, state -> batch")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.v.dtype)
         log_j = einsum(x, self.couplings(), x, "batch i, i j, batch j -> batch")
-        log_j = log_j + self.g * (x * x).sum(dim=-1)
+        log_j = log_j + self.onsite_term(x)
         return torch.complex(log_j, torch.zeros_like(log_j))

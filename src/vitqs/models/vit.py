@@ -120,7 +120,8 @@ class ViT(nn.Module):
     (absolute position embedding, only for ``attention="full"`` without translation
     invariance, since the network would otherwise not know where a patch is) → ``layers``
     ``EncoderBlock`` s → ``LogCoshHead`` with ``d_model`` hidden units → ``+ log J(x)`` if
-    ``jastrow``. With ``translation_invariant`` the whole network is invariant under
+    ``jastrow`` (with an on-site table over ``local_states`` for occupations). With
+    ``translation_invariant`` the whole network is invariant under
     translations of the lattice by whole patches; symmetrize for the remaining ones.
 
     Args:
@@ -175,7 +176,12 @@ class ViT(nn.Module):
             for _ in range(int(layers))
         )
         self.head = LogCoshHead(d_model, n_hidden=d_model)
-        self.jastrow = Jastrow(lattice_shape, pbc) if jastrow else None
+        self.jastrow = None
+        if jastrow:
+            # occupations (more than two values): a free on-site table u(n), see ``Jastrow``;
+            # two-valued sites keep g x², since any Σ_i u(x_i) is then fixed by N or S^z
+            table = tuple(local_states) if len(local_states) > 2 else None
+            self.jastrow = Jastrow(lattice_shape, pbc, local_states=table)
         self.double()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

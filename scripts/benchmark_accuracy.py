@@ -1,0 +1,426 @@
+"""Accuracy against exact results: runs the benchmark configs and writes ``results/accuracy.md``.
+
+Each system of ``configs/benchmarks/`` is optimized within the wall-clock budget its config
+states (``optimizer.max_seconds``, overridable with ``--budget``), then measured; one JSON row
+per run lands in ``<rows-dir>/`` and ``results/accuracy.md`` is rendered from all stored rows,
+so systems can be run one at a time and the table still comes out whole. With
+``--with-netket`` each system also runs through netket's ViT (``scripts/netket_peer.py``: same
+size, samples and wall-clock budget) in a subprocess pinned to one thread, in the same
+invocation. ``--ablation`` runs the model variants of the Bose-Hubbard ablation instead.
+
+Only the blocks between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` markers in
+``accuracy.md`` are rewritten: the prose around them is kept.
+
+    python scripts/benchmark_accuracy.py --systems heisenberg_chain16 --with-netket
+    vitqs bench accuracy --ablation --budget 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "configs" / "benchmarks"
+SYSTEMS = (
+    "heisenberg_chain16",
+    "heisenberg_4x4",
+    "j1j2_4x4",
+    "bose_hubbard_chain12_U2",
+    "bose_hubbard_chain12_U3.3",
+    "bose_hubbard_chain12_U5",
+    "bose_hubbard_chain12_U10",
+    "bose_hubbard_3x3",
+)
+# The Bose-Hubbard ablation: one base config, one override set per model variant.
+ABLATION_BASE = "bose_hubbard_chain12_U3.3"
+ABLATION = {
+    "simple_vit (seed design)": {"model.kind": "simple_vit", "model.jastrow": False},
+    "ViT, linear embedding": {"model.embedding": "linear", "model.jastrow": False},
+    "ViT, onehot": {"model.embedding": "onehot", "model.jastrow": False},
+    "ViT, linear + Jastrow": {"model.embedding": "linear", "model.jastrow": True},
+    "ViT, onehot + Jastrow": {"model.embedding": "onehot", "model.jastrow": True},
+    "ViT, onehot + Jastrow + translations": {
+        "model.embedding": "onehot",
+        "model.jastrow": True,
+        "model.symmetrize": "translations",
+    },
+}
+ONE_THREAD_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+}
+NETKET_LR = {"heisenberg": 0.01, "bose_hubbard": 0.01}  # the issue's reference runs
+
+
+def machine() -> str:
+    """Returns a short description of this CPU, e.g. ``x86_64, 2 cores``."""
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
+        name = found.group(1).strip() if found else name
+    return f"{name} ({os.cpu_count()} cores, 1 thread used)"
+
+
+# ---- our side ----------------------------------------------------------------------------
+
+
+def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> dict:
+    """Runs one config with overrides; returns the table row and the error-vs-time curve."""
+    from vitqs.config import load
+    from vitqs.run import run_config
+
+    sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+    config = load(config_path, [*sets, f"name={name}", f"output.dir={rows_dir}"])
+    summary = run_config(config, overwrite=True, progress=sys.stderr.isatty())
+    with h5py.File(summary["results_file"], "r") as f:
+        energy = f["history/energy"][:]
+        seconds = np.cumsum(f["history/seconds_total"][:])
+    exact = summary["exact_energy"]
+    model = config.model
+    return {
+        "engine": "vitqs",
+        "system": config_path.stem,
+        "model": describe_model(model.to_dict() if hasattr(model, "to_dict") else vars(model)),
+        "n_params": summary["n_params"],
+        "n_samples": config.sampler.n_samples,
+        "estimator": "full sum" if config.sampler.kind == "full_sum" else "Monte Carlo",
+        "n_iter": summary["n_iter"],
+        "seconds": summary["seconds"],
+        "budget_seconds": config.optimizer.max_seconds,
+        "energy": summary["energy"],
+        "energy_error": summary["energy_error"],
+        "exact_energy": exact,
+        "relative_error": summary["relative_error"],
+        "v_score": summary["v_score"],
+        "n_sites": config.n_sites,
+        "curve_seconds": seconds.tolist(),
+        "curve_relative_error": _relative(energy, exact),
+    }
+
+
+def describe_model(model: dict) -> str:
+    """Returns e.g. ``vit 2L d16 h4 p2 onehot+J+T`` for a model config."""
+    if model["kind"] == "jastrow":
+        return "jastrow"
+    text = f"{model['kind']} d{model['d_model']} h{model['heads']} p{model['patch_size']}"
+    if model["kind"] == "vit":
+        text = f"vit {model['layers']}L " + text[4:] + f" {model['embedding']}"
+        text += "+Jastrow" if model["jastrow"] else ""
+    text += "+transl" if model["symmetrize"] == "translations" else ""
+    text += f"+flip{model['spin_flip']:+d}" if model["spin_flip"] else ""
+    return text
+
+
+def _relative(energy, exact) -> list:
+    if exact is None:
+        return []
+    return (np.abs(np.asarray(energy) - exact) / abs(exact)).tolist()
+
+
+# ---- netket's side ------------------------------------------------------------------------
+
+
+def run_netket(config_path: Path, budget: float | None, exact_energy) -> dict:
+    """Runs netket's ViT on the config's system in a one-thread subprocess; returns its row."""
+    data = yaml.safe_load(config_path.read_text())
+    model, sampler, opt = data["model"], data.get("sampler", {}), data["optimizer"]
+    kind = data["hamiltonian"]["kind"]
+    spec = {
+        "system": {"lattice": data["lattice"], "hamiltonian": data["hamiltonian"]},
+        "options": {
+            "d_model": model.get("d_model", 16),
+            "heads": model.get("heads", 4),
+            "layers": model.get("layers", 2),
+            "patch_size": model.get("patch_size", 2),
+            "n_samples": sampler.get("n_samples", 1024),
+            "n_chains": sampler.get("n_chains", 256),
+            "n_iter": opt.get("n_iter", 300),
+            "budget_seconds": budget if budget is not None else opt.get("max_seconds"),
+            "lr": NETKET_LR[kind],
+            "diag_shift": opt.get("diag_shift", 1e-3),
+            "final_n_samples": data.get("final", {}).get("n_samples", 8192),
+            "exact_energy": exact_energy,
+        },
+    }
+    env = {**os.environ, **ONE_THREAD_ENV}
+    done = subprocess.run(
+        [sys.executable, __file__, "--netket-worker", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"netket run of {config_path.stem} failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    per_iter = result["seconds_per_iter"] or 0.0
+    compile_s = result["seconds_compile"] or 0.0
+    n_done = result["n_iter_done"]
+    return {
+        "engine": "netket",
+        "system": config_path.stem,
+        "model": f"netket tutorial ViT {spec['options']['layers']}L d{spec['options']['d_model']}"
+        f" h{spec['options']['heads']} p{spec['options']['patch_size']}",
+        "n_params": result["n_params"],
+        "n_samples": spec["options"]["n_samples"],
+        "estimator": "Monte Carlo",
+        "n_iter": n_done,
+        "seconds": result["seconds_setup"]
+        + result["seconds_total"]
+        + result["seconds_final_estimate"],
+        "budget_seconds": spec["options"]["budget_seconds"],
+        "energy": result["energy"],
+        "energy_error": result["energy_error"],
+        "exact_energy": exact_energy,
+        "relative_error": result["relative_error"],
+        "v_score": result["v_score"],
+        "n_sites": None,
+        # per-step times are not returned: compile time on the first step, then the median
+        "curve_seconds": [compile_s + per_iter * (i + 1) for i in range(n_done)],
+        "curve_relative_error": _relative(result["energy_history"], exact_energy),
+    }
+
+
+def _netket_worker(spec_json: str) -> None:
+    """Runs in the one-thread subprocess: prints netket_peer's result as one JSON line."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import torch
+
+    torch.set_num_threads(1)
+    from netket_peer import run_netket_vit
+
+    spec = json.loads(spec_json)
+    print(json.dumps(run_netket_vit(spec["system"], **spec["options"])))
+
+
+# ---- the report ---------------------------------------------------------------------------
+
+
+def _fmt(value, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return format(value, spec)
+
+
+def _row_cells(row: dict, label: str) -> list[str]:
+    per_site = row["n_sites"] or 1
+    energy = f"{row['energy'] / per_site:.7f} ± {row['energy_error'] / per_site:.1e}"
+    exact = _fmt(None if row["exact_energy"] is None else row["exact_energy"] / per_site, ".9f")
+    if row["n_sites"] is None:  # netket rows: divide by the vitqs row's site count
+        energy, exact = row["_energy_text"], row["_exact_text"]
+    return [
+        label,
+        row["engine"],
+        row["model"],
+        str(row["n_params"]),
+        str(row["n_samples"]),
+        str(row["n_iter"]),
+        f"{row['seconds']:.0f} ({_fmt(row['budget_seconds'], '.0f')})",
+        energy,
+        exact,
+        _fmt(row["relative_error"], ".2e"),
+        _fmt(row["v_score"], ".1e"),
+        row["estimator"],
+    ]
+
+
+HEADER = [
+    "system",
+    "engine",
+    "model",
+    "params",
+    "samples",
+    "iters",
+    "wall s (budget)",
+    "E/N ± err",
+    "E_exact/N",
+    "rel. error",
+    "V-score",
+    "estimator",
+]
+
+
+def render_table(rows: list[dict], label_key: str) -> str:
+    """Returns a markdown table of rows, each netket row right after its vitqs row."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for row in rows:
+        for entry in [row, *row.get("peers", [])]:
+            if entry["engine"] == "netket":
+                n = row["n_sites"]
+                entry["_energy_text"] = (
+                    f"{entry['energy'] / n:.7f} ± {entry['energy_error'] / n:.1e}"
+                )
+                entry["_exact_text"] = _fmt(
+                    None if entry["exact_energy"] is None else entry["exact_energy"] / n, ".9f"
+                )
+            cells = _row_cells(entry, row[label_key])
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, name: str, block: str) -> str:
+    """Returns ``text`` with the marked block ``name`` replaced (appended if missing)."""
+    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
+    new = f"{begin}\n{block}\n{end}"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        return pattern.sub(lambda _: new, text)
+    return text.rstrip() + "\n\n" + new + "\n"
+
+
+def load_rows(rows_dir: Path, table: str) -> list[dict]:
+    rows = [json.loads(p.read_text()) for p in sorted(rows_dir.glob(f"{table}__*.json"))]
+    return sorted(rows, key=lambda r: r.get("order", 0))
+
+
+def plot_curves(rows: list[dict], path: Path, title: str) -> None:
+    """Draws relative error vs wall time, one panel per system, vitqs and netket."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r["curve_relative_error"]]
+    if not rows:
+        return
+    n_cols = min(4, len(rows))
+    n_rows = math.ceil(len(rows) / n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4 * n_cols, 3.2 * n_rows), squeeze=False)
+    for ax, row in zip(axes.ravel(), rows, strict=False):
+        for entry in [row, *row.get("peers", [])]:
+            ax.semilogy(
+                entry["curve_seconds"], entry["curve_relative_error"], label=entry["engine"]
+            )
+        title = row.get("label", row["system"]).split(": ", 1)[-1]
+        ax.set_title(textwrap.fill(title, 45), fontsize=8)
+        ax.set_xlabel("wall time of the optimisation (s)")
+        ax.set_ylabel("|E − E_exact| / |E_exact|")
+        ax.legend(fontsize=8)
+    for ax in axes.ravel()[len(rows) :]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(output: Path, rows_dir: Path) -> None:
+    """Renders the accuracy and ablation tables and figures from the stored rows."""
+    text = output.read_text() if output.exists() else "# Accuracy against exact results\n"
+    accuracy = load_rows(rows_dir, "accuracy")
+    ablation = load_rows(rows_dir, "ablation")
+    if accuracy:
+        text = replace_block(text, "accuracy-table", render_table(accuracy, "system"))
+        plot_curves(accuracy, output.parent / "accuracy_vs_time.png", "vitqs vs netket, 1 thread")
+    if ablation:
+        text = replace_block(text, "ablation-table", render_table(ablation, "label"))
+        plot_curves(ablation, output.parent / "ablation_vs_time.png", "Bose-Hubbard ablation")
+    text = replace_block(text, "machine", f"Machine: {machine()}.")
+    output.write_text(text)
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+
+def _store(rows_dir: Path, table: str, key: str, row: dict) -> None:
+    rows_dir.mkdir(parents=True, exist_ok=True)
+    (rows_dir / f"{table}__{key}.json").write_text(json.dumps(row))
+
+
+def _run_systems(args, rows_dir: Path) -> None:
+    for system in args.systems:
+        path = CONFIG_DIR / f"{system}.yaml"
+        overrides = {} if args.budget is None else {"optimizer.max_seconds": args.budget}
+        row = run_vitqs(path, overrides, system, rows_dir)
+        row["order"] = SYSTEMS.index(system) if system in SYSTEMS else len(SYSTEMS)
+        if args.with_netket:
+            row["peers"] = [run_netket(path, args.budget, row["exact_energy"])]
+        _store(rows_dir, "accuracy", system, row)
+        print(_summary_line(system, row), flush=True)
+
+
+def _run_ablation(args, rows_dir: Path) -> None:
+    path = CONFIG_DIR / f"{args.ablation_base}.yaml"
+    for order, (label, overrides) in enumerate(ABLATION.items()):
+        if args.variants and label not in args.variants:
+            continue
+        if args.budget is not None:
+            overrides = {**overrides, "optimizer.max_seconds": args.budget}
+        overrides = {**overrides, **dict(_parse_set(s) for s in args.set)}
+        key = re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_")
+        row = run_vitqs(path, overrides, f"ablation_{key}", rows_dir)
+        prefix = args.ablation_label or args.ablation_base
+        row.update(order=order, label=f"{prefix}: {label}", overrides=overrides)
+        _store(rows_dir, "ablation", key, row)
+        print(_summary_line(label, row), flush=True)
+
+
+def _parse_set(text: str):
+    key, _, value = text.partition("=")
+    return key, yaml.safe_load(value)
+
+
+def _summary_line(label: str, row: dict) -> str:
+    peers = " ".join(
+        f"| netket rel={_fmt(p['relative_error'], '.2e')} its={p['n_iter']}"
+        for p in row.get("peers", [])
+    )
+    return (
+        f"{label}: rel={_fmt(row['relative_error'], '.2e')} its={row['n_iter']} "
+        f"{row['seconds']:.0f}s {peers}"
+    )
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), metavar="NAME")
+    parser.add_argument("--budget", type=float, default=None, help="seconds per run (override)")
+    parser.add_argument("--with-netket", action="store_true", help="netket's ViT beside each row")
+    parser.add_argument("--ablation", action="store_true", help="the Bose-Hubbard model ablation")
+    parser.add_argument("--ablation-base", default=ABLATION_BASE, metavar="NAME")
+    parser.add_argument("--ablation-label", default=None, help="system name in the table")
+    parser.add_argument("--variants", nargs="*", default=None, help="ablation labels to run")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for the ablation")
+    parser.add_argument("--output", type=Path, default=REPO / "results" / "accuracy.md")
+    parser.add_argument("--rows-dir", type=Path, default=REPO / "results" / "benchmarks")
+    parser.add_argument("--report-only", action="store_true", help="re-render from stored rows")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--netket-worker"]:
+        _netket_worker(argv[1])
+        return 0
+    args = parse_args(argv)
+    unknown = [s for s in args.systems if not (CONFIG_DIR / f"{s}.yaml").exists()]
+    if unknown:
+        raise SystemExit(f"no config for {unknown} in {CONFIG_DIR}")
+    if not args.report_only:
+        if args.ablation:
+            _run_ablation(args, args.rows_dir)
+        else:
+            _run_systems(args, args.rows_dir)
+    write_report(args.output, args.rows_dir)
+    print(args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
