@@ -45,6 +45,17 @@ def _parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="tables and figures of results files")
     report.add_argument("path", help="a results file or a folder of them")
+
+    bench = commands.add_parser("bench", help="benchmarks: accuracy against ED, speed per step")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    benches.add_parser(
+        "accuracy",
+        help="run configs/benchmarks/ against ED and write results/accuracy.md",
+        add_help=False,  # its options, --help included, are scripts/benchmark_accuracy.py's
+    )
+    speed = benches.add_parser("speed", help="seconds per VMC step, split by phase")
+    _add_config_arguments(speed)
+    speed.add_argument("--n-iter", type=int, default=10, help="timed steps after 2 warm-up steps")
     return parser
 
 
@@ -125,7 +136,45 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
-_COMMANDS = {"ed": _cmd_ed, "run": _cmd_run, "sweep": _cmd_sweep, "report": _cmd_report}
+def _cmd_bench(args) -> int:
+    return _BENCHES[args.bench](args)
+
+
+def _bench_accuracy(args) -> int:
+    import runpy
+
+    # a checkout's script: it drives netket beside vitqs, and nothing in src/ imports netket
+    script = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_accuracy.py"
+    if not script.exists():
+        raise ConfigError(f"bench accuracy runs '{script}', which needs a checkout of vitqs")
+    return runpy.run_path(str(script))["main"](args.extra)
+
+
+def _bench_speed(args) -> int:
+    from vitqs.benchmark import machine, phase_table, time_steps
+
+    if args.extra:
+        raise ConfigError(f"bench speed: unrecognized arguments: {' '.join(args.extra)}")
+    if args.n_iter < 1:
+        raise ConfigError(f"bench speed: --n-iter={args.n_iter} must be >= 1")
+    config = load(args.config, args.overrides)
+    result = time_steps(config, n_iter=args.n_iter)
+    print(f"{config.name}: {machine()}")
+    print(phase_table(result))
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+_BENCHES = {"accuracy": _bench_accuracy, "speed": _bench_speed}
+
+_COMMANDS = {
+    "ed": _cmd_ed,
+    "run": _cmd_run,
+    "sweep": _cmd_sweep,
+    "report": _cmd_report,
+    "bench": _cmd_bench,
+}
 
 
 def _interruption():
@@ -136,7 +185,11 @@ def _interruption():
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one ``vitqs`` command; returns the exit code (2 for bad input)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "bench":  # only a bench script takes options of its own
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     try:
         return _COMMANDS[args.command](args)
     except ConfigError as err:

@@ -51,7 +51,7 @@ def evaluate_log_psi(model, x: torch.Tensor, chunk_size: int | None = None) -> t
         return torch.zeros(0, dtype=_complex_dtype(model), device=x.device)
     step = x.shape[0] if chunk_size is None else chunk_size
     parts = [model(x[start : start + step]) for start in range(0, x.shape[0], step)]
-    out = torch.cat(parts)
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)  # one chunk: no copy
     return out if out.is_complex() else out.to(_complex_dtype(model))
 
 

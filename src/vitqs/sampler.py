@@ -189,7 +189,7 @@ class MetropolisSampler:
 
     def _metropolis_step(self, model, x, log_psi, accepted):
         x_new, valid = self._propose(x)
-        log_psi_new = evaluate_log_psi(model, x_new)
+        log_psi_new = self._log_psi_of_valid(model, x_new, valid, log_psi)
         log_ratio = 2 * (log_psi_new - log_psi).real
         log_u = torch.log(torch.rand(x.shape[0], generator=self._generator, device=x.device))
         accept = valid & (log_u < log_ratio)  # NaN ratios compare False: rejected
@@ -214,7 +214,23 @@ class MetropolisSampler:
             step = valid.to(x.dtype)
             x_new = x.scatter(1, src, x_src - step).scatter_(1, dst, x_dst + step)
         return x_new, valid[:, 0]
-        return x_new, valid
+
+    @staticmethod
+    def _log_psi_of_valid(model, x_new, valid, log_psi):
+        """Returns log ψ of the proposals ``(C,)``; rows of invalid moves keep ``log_psi``.
+
+        On CPU only the valid proposals go through the network (an exchange of two equal
+        spins or a hop from an empty site is rejected anyway; about half the proposals near
+        a Néel-like state), so the forward pass shrinks with them. On other devices every
+        proposal is evaluated: compacting would need the count of valid moves on the host,
+        a device sync per Metropolis step.
+        """
+        if x_new.device.type != "cpu":
+            return evaluate_log_psi(model, x_new)
+        rows = valid.nonzero()[:, 0]  # (V,)
+        if len(rows) == len(valid):
+            return evaluate_log_psi(model, x_new)
+        return log_psi.index_put((rows,), evaluate_log_psi(model, x_new[rows]).to(log_psi.dtype))
 
 
 def _propose_exchange_global(x, generator, hilbert):

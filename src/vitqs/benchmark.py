@@ -1,0 +1,148 @@
+"""Speed of one VMC step, split by phase: what ``vitqs bench speed`` and ``bench_step.py`` print.
+
+`time_steps` builds the config's Hamiltonian, network, sampler and optimizer through the same
+``vitqs.run`` builders a real run uses (so it times exactly what ``vitqs run`` executes), runs
+warm-up steps, then times ``n_iter`` steps of ``VMC.step``. Phases come from the step's own
+``timings`` (``sampling``, ``local_energy``, ``jacobian``, ``solve``); ``other`` is the rest of
+the wall time of the step (statistics, parameter copies, the update). No files are written and
+no exact diagonalization runs. Nothing here imports netket: the side-by-side comparison lives in
+``scripts/bench_step.py``.
+"""
+
+from __future__ import annotations
+
+import platform
+import resource
+import statistics as pystats
+import sys
+import time
+
+import torch
+
+from vitqs.config import Config
+from vitqs.run import build_hamiltonian, build_network, build_sampler, optimizer_settings
+from vitqs.vmc import VMC
+
+PHASES = ("sampling", "local_energy", "jacobian", "solve", "other")
+
+
+def method_used(method: str, n_samples: int, n_params: int) -> str:
+    """Returns the solve ``vitqs.sr.natural_gradient`` picks: kernel when ``2 N_s < P``."""
+    if method != "auto":
+        return method
+    return "minsr" if 2 * n_samples < n_params else "sr"
+
+
+def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
+    """Returns median seconds per VMC step and per phase, throughputs and peak memory.
+
+    Keys: ``seconds_per_iter`` (median wall time of a step after ``n_warmup`` warm-up steps),
+    ``seconds`` (phase → median seconds, phases `PHASES`; ``other`` = step − Σ phases, per
+    step), ``seconds_warmup`` (the warm-up steps' wall time minus ``n_warmup`` median steps:
+    first-call costs such as allocator growth and lazy initialisation), ``samples_per_second``
+    (kept samples / sampling time; thermalisation sweeps included in the time),
+    ``proposals_per_second``, ``local_energies_per_second``, ``peak_memory_mib`` (CPU:
+    ``ru_maxrss`` of the process; CUDA: ``torch.cuda.max_memory_allocated``), ``n_params``,
+    ``n_samples``, ``method_used``, ``device``, ``dtype``, ``threads``, ``n_iter``, ``n_warmup``.
+
+    Args:
+        config: a validated config; ``threads`` (if set) is applied with
+            ``torch.set_num_threads``.
+        n_warmup: steps run before timing starts (>= 0).
+        n_iter: timed steps (>= 1).
+    """
+    if n_iter < 1 or n_warmup < 0:
+        raise ValueError(f"n_iter={n_iter} must be >= 1 and n_warmup={n_warmup} >= 0")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    sampler = build_sampler(config, hamiltonian)
+    vmc = VMC(
+        hamiltonian,
+        model,
+        sampler,
+        optimizer_settings(config),
+        chunk_size=config.sampler.chunk_size,
+    )
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    warmup = [_timed_step(vmc) for _ in range(n_warmup)]
+    steps = [_timed_step(vmc) for _ in range(n_iter)]
+    per_iter = pystats.median(total for total, _ in steps)
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_samples = sampler.n_samples
+    seconds = {phase: pystats.median(t[phase] for _, t in steps) for phase in PHASES}
+    n_proposals = getattr(sampler, "n_chains", 1) * getattr(sampler, "sweep_size", 0)
+    n_proposals *= getattr(sampler, "n_discard", 0) + getattr(sampler, "n_per_chain", 0)
+    return {
+        "seconds_per_iter": per_iter,
+        "seconds": seconds,
+        "seconds_warmup": sum(total for total, _ in warmup) - n_warmup * per_iter,
+        "samples_per_second": n_samples / seconds["sampling"],
+        "proposals_per_second": n_proposals / seconds["sampling"],
+        "local_energies_per_second": n_samples / seconds["local_energy"],
+        "peak_memory_mib": _peak_memory_mib(device),
+        "n_params": n_params,
+        "n_samples": n_samples,
+        "method_used": method_used(config.optimizer.method, n_samples, n_params),
+        "device": str(device),
+        "dtype": config.dtype,
+        "threads": torch.get_num_threads(),
+        "n_iter": n_iter,
+        "n_warmup": n_warmup,
+    }
+
+
+def _timed_step(vmc: VMC) -> tuple[float, dict[str, float]]:
+    start = time.perf_counter()
+    result = vmc.step()
+    total = time.perf_counter() - start  # VMC's phase laps synchronise CUDA already
+    phases = {phase: result.timings.get(phase, 0.0) for phase in PHASES[:-1]}
+    phases["other"] = total - sum(phases.values())
+    return total, phases
+
+
+def _peak_memory_mib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes vs KiB
+
+
+def machine() -> str:
+    """Returns one line naming the machine: CPU model or GPU, torch version and threads."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(line.split(":", 1)[1].strip() for line in info if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (
+        f"{cpu}{gpu}; torch {torch.__version__}, {torch.get_num_threads()} torch thread(s), "
+        f"Python {platform.python_version()}"
+    )
+
+
+def phase_table(result: dict) -> str:
+    """Returns the phase table of a `time_steps` result as aligned text."""
+    per_iter = result["seconds_per_iter"]
+    lines = [f"{'phase':<14}{'seconds':>10}{'share':>8}"]
+    for phase in PHASES:
+        value = result["seconds"][phase]
+        lines.append(f"{phase:<14}{value:>10.4f}{value / per_iter:>8.1%}")
+    lines.append(f"{'step':<14}{per_iter:>10.4f}{1:>8.0%}")
+    lines += [
+        f"warm-up extra  {result['seconds_warmup']:.3f} s over {result['n_warmup']} steps",
+        f"samples/s      {result['samples_per_second']:.0f} "
+        f"({result['proposals_per_second']:.0f} proposals/s)",
+        f"E_loc/s        {result['local_energies_per_second']:.0f}",
+        f"peak memory    {result['peak_memory_mib']:.0f} MiB",
+        f"n_params       {result['n_params']}  n_samples {result['n_samples']}  "
+        f"method {result['method_used']}  {result['device']} {result['dtype']} "
+        f"threads {result['threads']}  median of {result['n_iter']} steps",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""Speed benchmark: ``vitqs bench speed`` and ``scripts/bench_step.py`` run on a tiny config and
+print the phase table; ``--with-netket`` without netket skips with one clear line."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+    assert_one_line_error,
+    keep_torch_threads,
+    last_json,
+    run_main,
+    tiny_heisenberg,
+    write_config,
+)
+
+from vitqs.benchmark import PHASES, method_used
+
+BENCH_STEP = Path(__file__).resolve().parents[1] / "scripts" / "bench_step.py"
+
+
+def _bench_step(*argv, hide_netket=False) -> subprocess.CompletedProcess:
+    """Runs ``scripts/bench_step.py argv``; ``hide_netket`` makes ``import netket`` fail."""
+    shim = "import sys; sys.modules['netket'] = None; " if hide_netket else ""
+    code = (
+        f"{shim}import runpy, sys; sys.argv = ['bench_step.py', *sys.argv[1:]]; "
+        f"runpy.run_path({str(BENCH_STEP)!r}, run_name='__main__')"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+
+
+def _phase_rows(out: str) -> set[str]:
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_bench_speed_prints_the_phase_table(tmp_path, capsys):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    code, out, err = run_main(capsys, "bench", "speed", path, "--n-iter", "2", "--json")
+    assert code == 0, err
+    assert {*PHASES, "step"} <= _phase_rows(out)
+    result = last_json(out)
+    assert set(result["seconds"]) == set(PHASES)
+    # other = step − Σ phases per step, so the phases cannot exceed the step by much
+    assert sum(result["seconds"].values()) == pytest.approx(result["seconds_per_iter"], rel=0.5)
+    assert result["n_samples"] == 64 and result["n_iter"] == 2
+    assert result["method_used"] == method_used("auto", 64, result["n_params"])
+    assert not (tmp_path / "out").exists()  # a benchmark writes no results file
+
+
+def test_bench_speed_refuses_zero_iterations(tmp_path, capsys):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    code, _, err = run_main(capsys, "bench", "speed", path, "--n-iter", "0")
+    assert_one_line_error(code, err, "--n-iter")
+
+
+def test_bench_step_script_runs_two_iterations(tmp_path):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    done = _bench_step(path, "--n-iter", "2", "--n-warmup", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert {*PHASES, "step"} <= _phase_rows(done.stdout)
+    record = last_json(done.stdout)
+    assert record["ours"]["n_iter"] == 2 and record["ours"]["threads"] == 1
+    assert "netket" not in record
+
+
+def test_with_netket_skips_with_one_line_when_netket_is_absent(tmp_path):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    done = _bench_step(path, "--n-iter", "1", "--n-warmup", "0", "--with-netket", hide_netket=True)
+    assert done.returncode == 0, done.stderr
+    skipped = [line for line in done.stdout.splitlines() if "--with-netket" in line]
+    assert len(skipped) == 1 and "netket is not available" in skipped[0]
+    assert "ours/netket" not in done.stdout
