@@ -20,7 +20,7 @@ import time
 import torch
 
 from vitqs.config import Config
-from vitqs.run import build_hamiltonian, build_network, build_sampler, optimizer_settings
+from vitqs.run import build_vmc
 from vitqs.vmc import VMC
 
 PHASES = ("sampling", "local_energy", "jacobian", "solve", "other")
@@ -55,17 +55,8 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         raise ValueError(f"n_iter={n_iter} must be >= 1 and n_warmup={n_warmup} >= 0")
     if config.threads:
         torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
-    hamiltonian = build_hamiltonian(config)
-    model = build_network(config, hamiltonian)
-    sampler = build_sampler(config, hamiltonian)
-    vmc = VMC(
-        hamiltonian,
-        model,
-        sampler,
-        optimizer_settings(config),
-        chunk_size=config.sampler.chunk_size,
-    )
+    vmc = build_vmc(config)
+    model, sampler = vmc.model, vmc.sampler
     device = next(model.parameters()).device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

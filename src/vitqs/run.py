@@ -118,6 +118,21 @@ def build_sampler(config: Config, hamiltonian):
         raise ConfigError(str(err)) from None
 
 
+def build_vmc(config: Config) -> VMC:
+    """Returns the VMC driver of a config: Hamiltonian, model (seeded), sampler, optimizer."""
+    torch.manual_seed(config.seed)
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    sampler = build_sampler(config, hamiltonian)
+    return VMC(
+        hamiltonian,
+        model,
+        sampler,
+        optimizer_settings(config),
+        chunk_size=config.sampler.chunk_size,
+    )
+
+
 def optimizer_settings(config: Config) -> OptimizerSettings:
     """Returns the VMC optimizer settings of ``config.optimizer``."""
     settings = dataclasses.asdict(config.optimizer)
@@ -235,17 +250,8 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
         )
     if resume and not path.exists():
         raise ConfigError(f"--resume: there is no results file '{path}' to resume")
-    torch.manual_seed(config.seed)
-    hamiltonian = build_hamiltonian(config)
-    model = build_network(config, hamiltonian)
-    sampler = build_sampler(config, hamiltonian)
-    vmc = VMC(
-        hamiltonian,
-        model,
-        sampler,
-        optimizer_settings(config),
-        chunk_size=config.sampler.chunk_size,
-    )
+    vmc = build_vmc(config)
+    hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
     if resume:
         return _restore(config, path, hamiltonian, model, sampler, vmc)
     if initial_parameters is not None:
