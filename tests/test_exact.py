@@ -32,8 +32,9 @@ def test_majumdar_ghosh_point_is_exact(length):
 @pytest.mark.parametrize(
     "ham",
     [
-        Heisenberg(Lattice((4, 4)), J2=0.5),  # 12,870 states: Lanczos path
-        BoseHubbard(Lattice((8,)), U=3.3, n_particles=8),  # 6,435 states
+        # Lanczos path (>= 400 states) yet small enough for a dense eigh in seconds
+        Heisenberg(Lattice((4, 3)), J2=0.5),  # 924 states
+        BoseHubbard(Lattice((6,)), U=3.3, n_particles=6),  # 462 states
         Heisenberg(Lattice((3, 2)), J2=0.3),  # tiny: dense path
     ],
 )
