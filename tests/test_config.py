@@ -113,6 +113,12 @@ BAD = {
         "optimizer.diag_shift",
     ),
     "exact_enabled": (lambda d: d.update(exact={"enabled": 1}), "exact.enabled"),
+    "head_init_zero": (lambda d: d["model"].update(head_init_std=0), "model.head_init_std"),
+    "late_fraction_big": (
+        lambda d: d["sampler"].update(late_fraction=1.5),
+        "sampler.late_fraction",
+    ),
+    "final_symmetrize": (lambda d: d.update(final={"symmetrize": "all"}), "final.symmetrize"),
 }
 
 

@@ -9,6 +9,7 @@ import time
 import h5py
 import numpy as np
 import pytest
+import torch
 import yaml
 from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
     assert_one_line_error,
@@ -243,3 +244,50 @@ def test_max_seconds_must_be_positive_or_null(tmp_path):
     with pytest.raises(ConfigError, match="optimizer.max_seconds"):
         from_dict(data)
     assert from_dict(tiny_heisenberg(tmp_path)).optimizer.max_seconds is None
+
+
+def test_more_samples_late_in_the_run(tmp_path):
+    data = tiny_heisenberg(
+        tmp_path / "out",
+        sampler={"n_samples_late": 128, "late_fraction": 0.5},
+        optimizer={"n_iter": 4},
+    )
+    summary = run_config(from_dict(data), progress=False)
+    record = results.read_results(summary["results_file"])
+    assert [row["n_samples"] for row in record.history] == [64, 64, 128, 128]
+
+
+def test_late_samples_must_fill_every_chain(tmp_path):
+    from vitqs.config import ConfigError
+
+    data = tiny_heisenberg(tmp_path, sampler={"n_samples_late": 100})
+    with pytest.raises(ConfigError, match=r"sampler.n_samples_late=100 .* sampler.n_chains=16"):
+        from_dict(data)
+
+
+def test_final_energy_of_the_translation_average_is_its_rayleigh_quotient(tmp_path):
+    # full sum: the final energy must be exactly <ψ_T|H|ψ_T>/<ψ_T|ψ_T> of the trained ViT
+    # averaged over all 8 translations (rebuilt here from the checkpoint, independently)
+    from vitqs.lattice import Lattice
+    from vitqs.models import Symmetrized
+    from vitqs.run import build_hamiltonian, build_network
+
+    data = tiny_heisenberg(
+        tmp_path / "out",
+        lattice={"shape": [8], "pbc": True},
+        sampler={"kind": "full_sum"},
+        final={"symmetrize": "translations"},
+    )
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    record = results.read_results(summary["results_file"])
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    model.load_state_dict(results.load_checkpoint(record)["model"])
+    averaged = Symmetrized(model, Lattice((8,), pbc=True).translations)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(averaged(x)).numpy()
+    energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    assert summary["energy"] == pytest.approx(energy, rel=1e-10)
+    assert summary["energy"] >= summary["exact_energy"] - 1e-10

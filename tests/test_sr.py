@@ -202,6 +202,9 @@ def test_schedules():
     assert exponential(0) == pytest.approx(1e-2)
     assert exponential(50) == pytest.approx(1e-3)
     assert exponential(1000) == pytest.approx(1e-4)
+    assert exponential(10, progress=0.5) == pytest.approx(1e-3)  # a budget half spent leads
+    assert exponential(50, progress=0.1) == pytest.approx(1e-3)  # the steps lead
+    assert exponential(0, progress=2.0) == pytest.approx(1e-4)  # never past the end
     cosine = Schedule(1.0, 0.0, "cosine", n_steps=10)
     assert [cosine(0), cosine(5), cosine(10)] == pytest.approx([1.0, 0.5, 0.0])
     with pytest.raises(ValueError, match="schedule kind"):

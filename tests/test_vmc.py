@@ -14,8 +14,9 @@ from vitqs.vmc import VMC, NonFiniteEnergyError, OptimizerSettings, final_estima
 
 
 class FlakyHamiltonian:
-    """Wraps a Hamiltonian; the calls of ``get_conn_padded`` listed in ``poisoned`` return a
-    NaN diagonal (a non-finite energy), ``poisoned_from`` poisons every call from then on."""
+    """Wraps a Hamiltonian; the local-energy evaluations listed in ``poisoned`` (calls of
+    ``get_conn_padded``, or products ``H @ ψ`` with its sparse matrix in full-sum mode) come
+    out NaN (a non-finite energy); ``poisoned_from`` poisons every call from then on."""
 
     def __init__(self, hamiltonian, poisoned=(), poisoned_from=None):
         self._hamiltonian = hamiltonian
@@ -25,13 +26,35 @@ class FlakyHamiltonian:
     def __getattr__(self, name):
         return getattr(self._hamiltonian, name)
 
+    def _poison_this_call(self) -> bool:
+        call, self.n_calls = self.n_calls, self.n_calls + 1
+        return call in self.poisoned or (
+            self.poisoned_from is not None and call >= self.poisoned_from
+        )
+
     def get_conn_padded(self, x):
         x_conn, mels = self._hamiltonian.get_conn_padded(x)
-        call, self.n_calls = self.n_calls, self.n_calls + 1
-        if call in self.poisoned or (self.poisoned_from is not None and call >= self.poisoned_from):
+        if self._poison_this_call():
             mels = mels.clone()
             mels[:, 0] = float("nan")
         return x_conn, mels
+
+    def to_sparse(self):
+        return _FlakyMatrix(self._hamiltonian.to_sparse(), self)
+
+
+class _FlakyMatrix:
+    """The sparse matrix of a `FlakyHamiltonian`: ``@`` counts as one local-energy call."""
+
+    def __init__(self, matrix, owner):
+        self._matrix, self._owner = matrix, owner
+
+    def diagonal(self):
+        return self._matrix.diagonal()
+
+    def __matmul__(self, vector):
+        product = self._matrix @ vector
+        return product * float("nan") if self._owner._poison_this_call() else product
 
 
 def test_full_sum_sr_reaches_the_exact_ground_state_of_a_4_site_chain():
@@ -262,3 +285,24 @@ def test_nan_guard_with_adam_drops_the_moments_of_the_undone_update():
     assert [r.n_retries for r in results] == [0, 1, 0]
     assert results[1].lr == pytest.approx(0.001)  # Adam retries with lr / 10
     assert vmc.adam.step == 2  # step 0's update was undone with its moments
+
+
+def test_schedules_follow_a_wall_clock_budget_that_ends_first():
+    # a budget half spent at step 1 of 100: the schedule is half way, not at 1 %
+    hamiltonian = Heisenberg(Lattice((4,)))
+    settings = OptimizerSettings(
+        lr=0.1,
+        lr_final=0.001,
+        lr_schedule="exponential",
+        diag_shift=1e-2,
+        diag_shift_final=1e-4,
+        diag_shift_schedule="exponential",
+        n_iter=100,
+    )
+    vmc = VMC(hamiltonian, ComplexRBM(4, seed=1), ExactSampler(hamiltonian.hilbert), settings)
+    assert vmc.step().lr == pytest.approx(0.1)
+    vmc.budget_progress = 0.5
+    result = vmc.step()
+    assert result.lr == pytest.approx(0.01) and result.diag_shift == pytest.approx(1e-3)
+    vmc.budget_progress = 0.001  # behind the step count: the steps lead
+    assert vmc.step().lr == pytest.approx(0.1 * 0.01 ** (2 / 100))

@@ -206,6 +206,7 @@ class ModelConfig:
     jastrow: bool = option(False, boolean())
     symmetrize: str = option("none", choice("none", "translations"))
     spin_flip: int = option(0, choice(0, 1, -1))
+    head_init_std: float = option(0.1, real(positive=True))
 
 
 @dataclass
@@ -217,6 +218,10 @@ class SamplerConfig:
     n_discard: int = option(16, integer(0))
     rule: str = option("auto", choice("auto", "exchange", "exchange_global", "hop"))
     chunk_size: int | None = option(None, optional(integer(1)))
+    # more samples late in the run: n_samples_late per step once late_fraction of n_iter (or
+    # of optimizer.max_seconds, whichever comes first) has passed
+    n_samples_late: int | None = option(None, optional(integer(1)))
+    late_fraction: float = option(0.75, real(minimum=0.0, maximum=1.0))
 
 
 @dataclass
@@ -229,8 +234,8 @@ class OptimizerConfig:
     diag_shift_final: float | None = option(None, optional(real(minimum=0.0)))
     diag_shift_schedule: str = option("constant", choice("constant", "exponential", "cosine"))
     n_iter: int = option(300, integer(1))
-    # wall-clock budget of the optimisation loop in seconds (null: none); schedules still run
-    # over n_iter, so a run stopped by the budget ends before its schedule does
+    # wall-clock budget of the optimisation loop in seconds (null: none); schedules run over
+    # n_iter or over this budget, whichever ends first, so a budgeted run ends its schedule
     max_seconds: float | None = option(None, optional(real(positive=True)))
 
 
@@ -243,6 +248,8 @@ class ExactConfig:
 @dataclass
 class FinalConfig:
     n_samples: int = option(8192, integer(1))
+    # measure the final energy of ψ averaged over the lattice translations (a k = 0 projection)
+    symmetrize: str = option("none", choice("none", "translations"))
 
 
 @dataclass
@@ -386,6 +393,11 @@ def _check_consistency(config: Config) -> None:
                 f"with n_max={n_max}: at most {n_sites * n_max}"
             )
     _check_schedules(config.optimizer)
+    late, chains = config.sampler.n_samples_late, config.sampler.n_chains
+    if late is not None and late % chains:
+        raise ConfigError(
+            f"sampler.n_samples_late={late} must be a multiple of sampler.n_chains={chains}"
+        )
     device = config.device
     if not (
         device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())

@@ -57,8 +57,11 @@ HISTORY_FIELDS = (
     "seconds_jacobian",
     "seconds_solve",
     "seconds_total",
+    "n_samples",
 )
 _INT_HISTORY_FIELDS = ("step",)
+# columns added after format 1 was first written: a file without them reads as NaN
+_LATER_HISTORY_FIELDS = ("n_samples",)
 
 EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds")
 FINAL_FIELDS = (
@@ -382,10 +385,16 @@ def _check_format(f: h5py.File, path: Path) -> None:
 
 
 def _read_history(group: h5py.Group, path: Path) -> list[dict[str, float]]:
-    missing = [name for name in HISTORY_FIELDS if name not in group]
+    missing = [
+        name for name in HISTORY_FIELDS if name not in group and name not in _LATER_HISTORY_FIELDS
+    ]
     if missing:
         raise ResultsError(f"{path}: history lacks columns {missing}")
-    columns = {name: group[name][()] for name in HISTORY_FIELDS}
+    n_rows = len(group["step"])
+    columns = {
+        name: group[name][()] if name in group else np.full(n_rows, math.nan)
+        for name in HISTORY_FIELDS
+    }
     lengths = {name: len(column) for name, column in columns.items()}
     if len(set(lengths.values())) > 1:
         raise ResultsError(f"{path}: history columns have unequal lengths {lengths}")

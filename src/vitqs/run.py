@@ -24,12 +24,18 @@ import yaml
 
 from vitqs import exact, observables, results
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict
-from vitqs.estimators import local_energy, statistics
+from vitqs.estimators import statistics
 from vitqs.lattice import Lattice
-from vitqs.models import build_model
+from vitqs.models import build_model, symmetrize_translations
 from vitqs.operators import BoseHubbard, Heisenberg
 from vitqs.sampler import ExactSampler, MetropolisSampler
-from vitqs.vmc import VMC, NonFiniteEnergyError, OptimizerSettings, draw_samples
+from vitqs.vmc import (
+    VMC,
+    NonFiniteEnergyError,
+    OptimizerSettings,
+    draw_samples,
+    sample_local_energy,
+)
 
 # Keys a resumed run may change: they do not alter the trajectory already recorded.
 _RESUMABLE_CHANGES = (
@@ -363,6 +369,7 @@ def _history_row(result, exact_energy) -> dict:
         "seconds_jacobian": timings.get("jacobian", math.nan),
         "seconds_solve": timings.get("solve", math.nan),
         "seconds_total": sum(timings.values()),
+        "n_samples": energy.n_samples,
     }
 
 
@@ -382,6 +389,7 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
     )
     max_seconds = config.optimizer.max_seconds
     loop_start = time.perf_counter()
+    _follow_budget(run, done, run.seconds_before)
     try:
         for result in run.vmc.run(config.optimizer.n_iter - done):
             record.append_history(_history_row(result, exact_energy))
@@ -395,12 +403,27 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
             spent = run.seconds_before + time.perf_counter() - loop_start
             if max_seconds is not None and spent >= max_seconds:
                 break  # the budget is spent: measure the state reached so far
+            _follow_budget(run, step, spent)
     except NonFiniteEnergyError as err:
         record.status = "interrupted"
         results.write_results(run.path, record)
         raise ConfigError(f"{err} The last checkpoint is in '{run.path}'.") from None
     finally:
         bar.close()
+
+
+def _follow_budget(run: Run, step: int, seconds: float) -> None:
+    """Sets what the next step needs to know about the run's progress: the fraction of
+    ``max_seconds`` spent (schedules end with the budget if it ends before ``n_iter``), and
+    ``sampler.n_samples_late`` once past ``late_fraction`` of ``n_iter`` or of the budget."""
+    cfg, optimizer = run.config.sampler, run.config.optimizer
+    progress = step / optimizer.n_iter
+    if optimizer.max_seconds is not None:
+        run.vmc.budget_progress = min(seconds / optimizer.max_seconds, 1.0)
+        progress = max(progress, run.vmc.budget_progress)
+    if cfg.n_samples_late is not None and isinstance(run.sampler, MetropolisSampler):
+        late = progress >= cfg.late_fraction
+        run.sampler.set_n_samples(cfg.n_samples_late if late else cfg.n_samples)
 
 
 def _progress_text(result, exact_energy) -> str:
@@ -450,9 +473,12 @@ def _signals_to_flag():
 
 def _finish(run: Run, start: float) -> dict:
     config, record = run.config, run.record
-    samples = draw_samples(run.sampler, run.model, config.final.n_samples)
-    e_loc = local_energy(
-        run.hamiltonian, run.model, samples.x, samples.log_psi, config.sampler.chunk_size
+    model = run.model
+    if config.final.symmetrize == "translations":
+        model = symmetrize_translations(run.model, run.hamiltonian.lattice)
+    samples = draw_samples(run.sampler, model, config.final.n_samples)
+    e_loc = sample_local_energy(
+        run.hamiltonian, model, run.sampler, samples, config.sampler.chunk_size
     )
     energy = statistics(e_loc, samples.weights)
     exact_energy = record.exact["energy"] if record.exact else None
@@ -470,19 +496,19 @@ def _finish(run: Run, start: float) -> dict:
         "seconds": seconds,
         "seconds_per_iter": pystats.median(iter_seconds) if iter_seconds else math.nan,
     }
-    record.observables = _observables(run, samples)
+    record.observables = _observables(run, model, samples)
     record.status = "finished"
     _checkpoint(run, seconds)  # keeps the final parameters, and lets n_iter be raised later
     return summary(record, run.path)
 
 
-def _observables(run: Run, samples) -> dict:
+def _observables(run: Run, model, samples) -> dict:
     ham = run.hamiltonian
     chunk = run.config.sampler.chunk_size
     if isinstance(ham, Heisenberg):
-        measured = observables.spin_observables(ham, run.model, samples, chunk_size=chunk)
+        measured = observables.spin_observables(ham, model, samples, chunk_size=chunk)
     else:
-        measured = observables.boson_observables(ham, run.model, samples, chunk_size=chunk)
+        measured = observables.boson_observables(ham, model, samples, chunk_size=chunk)
     values = {}
     for name, estimate in measured.items():
         values[name] = np.asarray(estimate.mean)

@@ -13,7 +13,8 @@ Rules (Hilbert-space sectors are conserved by construction):
 - ``auto``: ``exchange`` for spins, ``hop`` for bosons.
 
 `ExactSampler` enumerates the sector and returns every state with weight ``|ψ|²/Σ|ψ|²``,
-for full-sum expectation values on tiny systems.
+for full-sum expectation values on small sectors. Its local energies come from one sparse
+matrix-vector product ``(Hψ)(x)/ψ(x)`` over the sector, with no further network evaluation.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ class MetropolisSampler:
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
         _check_counts(n_samples, n_chains, sweep_size, n_discard)
-        self.n_samples, self.n_chains = int(n_samples), int(n_chains)
-        self.n_per_chain = self.n_samples // self.n_chains
+        self.n_chains = int(n_chains)
+        self.set_n_samples(n_samples)
         self.sweep_size = self.n_sites if sweep_size is None else int(sweep_size)
         self.n_discard = int(n_discard)
         self.rule = _resolve_rule(rule, self.hilbert)
@@ -105,6 +106,16 @@ class MetropolisSampler:
         self._generator: torch.Generator | None = None
         self._chains: torch.Tensor | None = None
         self._pending_state: dict | None = None
+
+    def set_n_samples(self, n_samples: int) -> None:
+        """Sets the samples per call (a multiple of ``n_chains``); the chains carry on."""
+        if int(n_samples) < 1 or int(n_samples) % self.n_chains:
+            raise ValueError(
+                f"sampler.n_samples={n_samples} must be a positive multiple of "
+                f"sampler.n_chains={self.n_chains}"
+            )
+        self.n_samples = int(n_samples)
+        self.n_per_chain = self.n_samples // self.n_chains
 
     # ---------------------------------------------------------------- state
     def _initialise(self, device: torch.device, dtype: torch.dtype):
@@ -307,6 +318,7 @@ class ExactSampler:
         self.chunk_size = chunk_size
         self._states_np = hilbert.all_states()
         self._states: torch.Tensor | None = None
+        self._matrix, self._matrix_of = None, None
 
     @torch.no_grad()
     def sample(self, model, n_discard: int | None = None) -> Samples:
@@ -317,6 +329,34 @@ class ExactSampler:
         log_psi = evaluate_log_psi(model, self._states, self.chunk_size)
         weights = torch.softmax(2 * log_psi.real.to(torch.float64), dim=0)
         return Samples(self._states[None], log_psi[None], weights[None], math.nan)
+
+    def local_energy(self, hamiltonian, log_psi: torch.Tensor) -> torch.Tensor:
+        """Returns ``E_loc(x) = (Hψ)(x) / ψ(x)`` for every state, shaped like ``log_psi``.
+
+        ``log_psi`` holds log ψ over the whole sector in ``all_states()`` order (as `sample`
+        returns it), so the amplitudes of all connected states are already known: one CSR
+        matvec replaces the ``max_conn`` network evaluations per state of `local_energy`.
+        States whose weight underflows (``|ψ(x)|² / max|ψ|² < e^-600``) get ``H_xx``; their
+        weight is zero to double precision, and ``Hψ/ψ`` there is not representable.
+        """
+        if hamiltonian.hilbert.dimension != self.n_samples:
+            raise ValueError(
+                f"the hamiltonian's sector has {hamiltonian.hilbert.dimension} states, "
+                f"the sampler's {self.n_samples}"
+            )
+        if self._matrix_of is not hamiltonian:
+            self._matrix, self._matrix_of = hamiltonian.to_sparse(), hamiltonian
+        log_amp = log_psi.detach().reshape(-1).cpu().numpy().astype(np.complex128)
+        log_amp = log_amp - log_amp.real.max()
+        negligible = log_amp.real < -300.0
+        psi = np.exp(np.where(negligible, 0.0, log_amp))
+        psi[negligible] = 0.0
+        e_loc = self._matrix @ psi
+        e_loc[~negligible] /= psi[~negligible]
+        e_loc[negligible] = self._matrix.diagonal()[negligible]
+        return (
+            torch.as_tensor(e_loc, device=log_psi.device).to(log_psi.dtype).reshape(log_psi.shape)
+        )
 
     def state_dict(self) -> dict:
         return {}

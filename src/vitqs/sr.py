@@ -242,10 +242,14 @@ class Schedule:
         if self.n_steps < 1:
             raise ValueError(f"schedule n_steps={self.n_steps} must be >= 1")
 
-    def __call__(self, step: int) -> float:
+    def __call__(self, step: int, progress: float | None = None) -> float:
+        """Returns the value at ``step``, or further on when ``progress`` (a fraction of the
+        run already done by another measure, e.g. of a wall-clock budget) is ahead."""
         if self.kind == "constant":
             return float(self.initial)
         t = min(step, self.n_steps) / self.n_steps
+        if progress is not None:
+            t = min(max(t, float(progress)), 1.0)
         if self.kind == "exponential":
             return float(self.initial * (self.final / self.initial) ** t)
         return float(self.final + (self.initial - self.final) * 0.5 * (1 + math.cos(math.pi * t)))

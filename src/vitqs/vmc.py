@@ -94,14 +94,14 @@ class OptimizerSettings:
                 f"optimizer.n_iter={self.n_iter} must be >= 1, max_retries={self.max_retries} >= 0"
             )
 
-    def lr_at(self, step: int) -> float:
-        return Schedule(self.lr, self.lr_final, self.lr_schedule, self.n_iter)(step)
+    def lr_at(self, step: int, progress: float | None = None) -> float:
+        return Schedule(self.lr, self.lr_final, self.lr_schedule, self.n_iter)(step, progress)
 
-    def diag_shift_at(self, step: int) -> float:
+    def diag_shift_at(self, step: int, progress: float | None = None) -> float:
         schedule = Schedule(
             self.diag_shift, self.diag_shift_final, self.diag_shift_schedule, self.n_iter
         )
-        return schedule(step)
+        return schedule(step, progress)
 
 
 @dataclass
@@ -146,6 +146,9 @@ class VMC:
         self.settings = settings
         self.chunk_size = chunk_size
         self.step_count = 0
+        # fraction of a wall-clock budget spent, set by whoever keeps the clock; schedules
+        # then run over n_iter or the budget, whichever ends first (None: steps only)
+        self.budget_progress: float | None = None
         self.adam = Adam() if settings.method == "adam" else None
         self._last_good: tuple[torch.Tensor, dict | None] | None = None  # before last update
         self._last_energy: float | None = None
@@ -171,8 +174,8 @@ class VMC:
         samples = self.sampler.sample(self.model)
         timings["sampling"] = _lap(start)
         start = time.perf_counter()
-        e_loc = local_energy(
-            self.hamiltonian, self.model, samples.x, samples.log_psi, self.chunk_size
+        e_loc = sample_local_energy(
+            self.hamiltonian, self.model, self.sampler, samples, self.chunk_size
         )
         stats = statistics(e_loc, samples.weights)
         timings["local_energy"] = _lap(start)
@@ -200,8 +203,8 @@ class VMC:
         )
 
     def _hyperparameters(self, boost: float) -> tuple[float, float]:
-        lr = self.settings.lr_at(self.step_count)
-        diag_shift = self.settings.diag_shift_at(self.step_count)
+        lr = self.settings.lr_at(self.step_count, self.budget_progress)
+        diag_shift = self.settings.diag_shift_at(self.step_count, self.budget_progress)
         if self.adam is not None:
             return lr / boost, diag_shift
         return lr, diag_shift * boost
@@ -284,8 +287,19 @@ def final_estimate(
 ) -> Stats:
     """Returns the energy `Stats` of the current parameters from ``n_samples`` samples."""
     samples = draw_samples(sampler, model, n_samples)
-    e_loc = local_energy(hamiltonian, model, samples.x, samples.log_psi, chunk_size)
+    e_loc = sample_local_energy(hamiltonian, model, sampler, samples, chunk_size)
     return statistics(e_loc, samples.weights)
+
+
+def sample_local_energy(hamiltonian, model, sampler, samples: Samples, chunk_size=None):
+    """Returns the local energies of ``samples`` drawn by ``sampler``.
+
+    The whole sector (exact sampler) takes one sparse matvec; Monte Carlo samples go
+    through ``local_energy`` and the network.
+    """
+    if isinstance(sampler, ExactSampler):
+        return sampler.local_energy(hamiltonian, samples.log_psi)
+    return local_energy(hamiltonian, model, samples.x, samples.log_psi, chunk_size)
 
 
 def _lap(start: float) -> float:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitqs.lattice import Lattice
-from vitqs.models import Jastrow, Symmetrized, ViT, complex_logsumexp
+from vitqs.models import Jastrow, Symmetrized, ViT, complex_logsumexp, symmetrize_translations
 
 from .helpers import random_spins
 
@@ -88,3 +88,33 @@ def test_keeps_the_model_precision():
 def test_bad_spin_flip_is_a_clear_error():
     with pytest.raises(ValueError, match=r"model.spin_flip=2.*\[0, 1, -1\]"):
         Symmetrized(Jastrow((4,)), Lattice((4,)).translations, spin_flip=2)
+
+
+@pytest.mark.parametrize(
+    "lattice, patch", [(Lattice((8,)), 2), (Lattice((4, 4)), 2), (Lattice((6, 4)), (3, 2))]
+)
+def test_coset_average_of_an_invariant_vit_equals_the_full_average(lattice, patch):
+    # a translation-invariant ViT needs one shift per coset of the patch translations: the
+    # cheap average must be the same state as the average over every translation
+    torch.manual_seed(4)
+    model = ViT(lattice.shape, patch, 8, 2, 1, translation_invariant=True)
+    for p in model.parameters():
+        p.data.add_(0.2 * torch.randn_like(p))
+    cheap = symmetrize_translations(model, lattice)
+    patch_len = model.grid.patch_len
+    assert cheap.translations.shape[0] == patch_len < len(lattice.translations)
+    full = Symmetrized(model, lattice.translations)
+    x = random_spins(5, lattice.n_sites)
+    _same_phase(cheap(x), full(x))
+    for perm in lattice.translations:
+        _same_phase(cheap(x[:, perm]), cheap(x))
+
+
+def test_symmetrize_translations_leaves_symmetric_models_alone():
+    lattice = Lattice((4, 4))
+    jastrow = Jastrow(lattice.shape, pbc=True)
+    assert symmetrize_translations(jastrow, lattice) is jastrow
+    averaged = Symmetrized(_vit(lattice), lattice.translations)
+    assert symmetrize_translations(averaged, lattice) is averaged
+    bare = _vit(lattice)  # not invariant: every translation is averaged
+    assert symmetrize_translations(bare, lattice).translations.shape[0] == 16

@@ -9,6 +9,7 @@ import torch
 from vitqs.lattice import Lattice
 from vitqs.models import ViT
 from vitqs.models.patching import PatchGrid
+from vitqs.models.vit import HEAD_INIT_STD
 
 from .helpers import CHAIN, SQUARE, random_bosons, random_spins
 
@@ -53,10 +54,19 @@ def test_float32_model_gives_complex64():
     torch.testing.assert_close(log_psi, model(x.float()))
 
 
-def test_initial_wave_function_is_nearly_uniform():
-    model = ViT(SQUARE.shape, 2, 16, 2, 2)
-    log_psi = model(random_spins(64, SQUARE.n_sites))
-    assert (log_psi - log_psi.mean()).abs().max() < 0.05
+def test_initial_wave_function_is_near_uniform_with_a_spread_set_by_the_head_init():
+    # log ψ ≈ Σ_α (w_α·z)²/2 at the start: its spread over configurations grows as σ². The
+    # default σ keeps |ψ|² within a few e-folds (no peaked start) yet away from the flat
+    # state, an eigenstate where SR stalls (see HEAD_INIT_STD)
+    x = random_spins(64, SQUARE.n_sites)
+    spread = {}
+    for std in (0.01, HEAD_INIT_STD):
+        torch.manual_seed(0)
+        log_psi = ViT(SQUARE.shape, 2, 16, 2, 2, head_init_std=std)(x).detach()
+        spread[std] = float((log_psi - log_psi.mean()).abs().max())
+    assert spread[0.01] < 0.05
+    assert 0.1 < spread[HEAD_INIT_STD] < 3.0
+    assert 30 < spread[HEAD_INIT_STD] / spread[0.01] < 300  # σ² scaling, σ ratio 10
 
 
 @pytest.mark.parametrize(

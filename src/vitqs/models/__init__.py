@@ -3,7 +3,7 @@
 from vitqs.models.build import build_model
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.simple_vit import SimpleViT
-from vitqs.models.symmetrize import Symmetrized, complex_logsumexp
+from vitqs.models.symmetrize import Symmetrized, complex_logsumexp, symmetrize_translations
 from vitqs.models.vit import ViT, log_cosh
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "build_model",
     "log_cosh",
     "complex_logsumexp",
+    "symmetrize_translations",
 ]

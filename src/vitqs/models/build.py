@@ -9,7 +9,7 @@ from vitqs.models._checks import check_choice
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.simple_vit import SimpleViT
 from vitqs.models.symmetrize import Symmetrized
-from vitqs.models.vit import ATTENTIONS, EMBEDDINGS, ViT
+from vitqs.models.vit import ATTENTIONS, EMBEDDINGS, HEAD_INIT_STD, ViT
 
 KINDS = ("vit", "simple_vit", "jastrow")
 SYMMETRIZE = ("none", "translations")
@@ -82,4 +82,5 @@ def _build_bare(cfg, lattice, hilbert) -> nn.Module:
         local_states=tuple(hilbert.local_states),
         jastrow=cfg.jastrow,
         pbc=lattice.pbc,
+        head_init_std=getattr(cfg, "head_init_std", HEAD_INIT_STD),
     )

@@ -72,3 +72,25 @@ class Symmetrized(nn.Module):
         log_terms = log_terms + 1j * self.flip_phase.to(log_psi.real.dtype)[:, None]
         log_terms = rearrange(log_terms, "batch f t -> batch (f t)")
         return complex_logsumexp(log_terms, dim=1) - math.log(log_terms.shape[1])
+
+
+def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
+    """Returns ``model`` averaged over the lattice translations it is not invariant under.
+
+    A translation-invariant ViT is already invariant under shifts by whole patches, so the
+    average over all translations equals the average over one shift per coset: the
+    ``b_x · b_y`` shifts inside a patch (``translation_period``), not all ``L_x · L_y``. A model
+    already averaged over translations comes back unchanged.
+    """
+    if isinstance(model, Symmetrized) and model.translations.shape[0] > 1:
+        return model
+    inner = model.model if isinstance(model, Symmetrized) else model
+    table = lattice.translations
+    period = getattr(inner, "translation_period", None) if lattice.pbc else None
+    if period is not None:
+        t = np.arange(len(table))
+        lx = lattice.extent[0]
+        table = table[(t % lx < period[0]) & (t // lx < period[1])]
+    if len(table) == 1:
+        return model
+    return Symmetrized(model, table)
