@@ -99,7 +99,8 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
         "model": describe_model(model.to_dict() if hasattr(model, "to_dict") else vars(model)),
         "n_params": summary["n_params"],
         "n_samples": config.sampler.n_samples,
-        "estimator": "full sum" if config.sampler.kind == "full_sum" else "Monte Carlo",
+        "estimator": ("full sum" if config.sampler.kind == "full_sum" else "Monte Carlo")
+        + (", final ψ translation-averaged" if config.final.symmetrize == "translations" else ""),
         "n_iter": summary["n_iter"],
         "seconds": summary["seconds"],
         "budget_seconds": config.optimizer.max_seconds,

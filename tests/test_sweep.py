@@ -91,6 +91,8 @@ def test_sweep_writes_tables_figures_and_resumes(tmp_path, capsys, monkeypatch):
         ({"sweep": {"hamiltonian.U": [1, "x"]}}, "hamiltonian.U"),
         ({"warm_start": "yes"}, "warm_start"),
         ({"base": "missing.yaml"}, "missing.yaml"),
+        ({"set": [1]}, "set="),
+        ({"set": {"optimizer.lr": -1}}, "optimizer.lr"),
     ],
 )
 def test_bad_sweep_files_exit_2_before_running(spec, key, tmp_path, capsys):
@@ -109,3 +111,13 @@ def test_warm_start_across_different_models_is_a_config_error(tmp_path, capsys):
     code, _, err = run_main(capsys, "sweep", path, "--quiet")
     assert_one_line_error(code, err, "warm_start")
     assert run_files(tmp_path / "out" / "u_scan") == ["d_model=4.h5"]
+
+
+def test_set_overrides_the_base_at_every_point_and_the_grid_wins(tmp_path):
+    path = _write_sweep(
+        tmp_path, set={"optimizer.n_iter": 7, "hamiltonian.U": 99.0, "final.n_samples": 64}
+    )
+    configs = sweep.point_configs(sweep.load_sweep(path))
+    assert [config.hamiltonian.U for _, config in configs] == [2.0, 6.0]
+    assert all(config.optimizer.n_iter == 7 for _, config in configs)
+    assert all(config.final.n_samples == 64 for _, config in configs)

@@ -1,7 +1,8 @@
 """Parameter sweeps: a base config plus a grid over dotted keys, one run per point.
 
-A sweep file names its base config (relative to itself), the grid, and whether each point
-starts from the previous point's parameters (``warm_start``). Each point is an ordinary run
+A sweep file names its base config (relative to itself), overrides applied to it at every
+point (``set``, dotted keys), the grid, and whether each point starts from the previous
+point's parameters (``warm_start``). Each point is an ordinary run
 written to ``<output.dir>/<sweep name>/<point name>.h5``; a finished point is read back, not
 run again, so an interrupted sweep resumes at the first unfinished point. The summary table
 (``summary.csv``, ``summary.md``) and figures land in the same folder.
@@ -24,7 +25,7 @@ from vitqs.config import ConfigError, from_dict, read_yaml, set_dotted
 from vitqs.plots import markdown_table, plot_sweep
 from vitqs.run import run_config
 
-_SWEEP_KEYS = ("base", "name", "sweep", "warm_start")
+_SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -50,6 +51,11 @@ def load_sweep(path: str | Path) -> dict:
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep.{key}={values!r} must be a non-empty list of values")
+    overrides = spec.get("set") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(
+            f"set={overrides!r} must map dotted keys to values, e.g. optimizer.max_seconds: 150"
+        )
     warm = spec.get("warm_start", False)
     if not isinstance(warm, bool):
         raise ConfigError(f"warm_start={warm!r} must be true or false")
@@ -59,6 +65,7 @@ def load_sweep(path: str | Path) -> dict:
         "base_path": base,
         "name": spec.get("name") or path.stem,
         "grid": grid,
+        "set": overrides,
         "warm_start": warm,
     }
 
@@ -78,7 +85,7 @@ def point_configs(spec: dict) -> list:
     configs = []
     for point in grid_points(spec["grid"]):
         data = copy.deepcopy(spec["base"])
-        for key, value in point.items():
+        for key, value in {**spec.get("set", {}), **point}.items():
             set_dotted(data, key, value)
         config = from_dict(data, default_name=_point_name(point))
         config.name = _point_name(point)
