@@ -186,3 +186,20 @@ def test_v_score():
         mean=-4.0 + 0j, error_of_mean=0.0, variance=0.32, tau_corr=0.0, r_hat=1.0, n_samples=1
     )
     assert v_score(stats, n_sites=8) == pytest.approx(8 * 0.32 / 16)
+
+
+def test_forward_passes_are_bounded_without_a_chunk_size(monkeypatch):
+    # final measurements of symmetrized models once went through the network in one pass of
+    # millions of rows; without a chunk size the batch per pass is bounded
+    import vitqs.estimators as estimators
+
+    monkeypatch.setattr(estimators, "DEFAULT_CHUNK_SIZE", 7)
+    hamiltonian = Heisenberg(Lattice((6,)))
+    model = ComplexRBM(6, seed=4)
+    batches = []
+    model.register_forward_hook(lambda module, args, out: batches.append(args[0].shape[0]))
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    bounded = local_energy(hamiltonian, model, x)
+    assert max(batches) == 7
+    whole = local_energy(hamiltonian, model, x, chunk_size=1000)
+    torch.testing.assert_close(bounded, whole, rtol=1e-13, atol=1e-13)

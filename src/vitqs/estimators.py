@@ -42,14 +42,21 @@ def sample_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> to
     return reduce_sum((w * values).sum(dim=0))
 
 
+# Configurations per forward pass when no chunk size is given. Without a bound, local
+# energies of 8,192 final samples of the J1-J2 4x4 (65 connected states each) through a
+# model averaged over 8 symmetry copies made one pass of 4.3M rows and ~11 GB.
+DEFAULT_CHUNK_SIZE = 16384
+
+
 def evaluate_log_psi(model, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """Returns the complex ``log ψ(x)`` ``(B,)`` of configurations ``(B, N)``, in chunks.
+    """Returns the complex ``log ψ(x)`` ``(B,)`` of configurations ``(B, N)``, in chunks of
+    ``chunk_size`` (None: ``DEFAULT_CHUNK_SIZE``) configurations per forward pass.
 
     A model with real output is read as ``log ψ`` real (positive ψ).
     """
     if x.shape[0] == 0:
         return torch.zeros(0, dtype=_complex_dtype(model), device=x.device)
-    step = x.shape[0] if chunk_size is None else chunk_size
+    step = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
     parts = [model(x[start : start + step]) for start in range(0, x.shape[0], step)]
     out = parts[0] if len(parts) == 1 else torch.cat(parts)  # one chunk: no copy
     return out if out.is_complex() else out.to(_complex_dtype(model))
@@ -79,7 +86,7 @@ def amplitude_ratios(
         x_conn: connected configurations ``(B, K, N)``.
         active: ``(B, K)`` bool.
         log_psi: ``log ψ(x)`` of the rows ``(B,)``, complex.
-        chunk_size: configurations per forward pass; None for one pass.
+        chunk_size: configurations per forward pass; None for ``DEFAULT_CHUNK_SIZE``.
     """
     rows, cols = active.nonzero(as_tuple=True)  # (M,) each
     log_psi_conn = evaluate_log_psi(model, x_conn[rows, cols], chunk_size)  # (M,)

@@ -61,7 +61,9 @@ def _chain_means(samples, local_values, chunk_size) -> list[torch.Tensor]:
     tensors; with exact weights the "mean" of the single chain is the weighted sum.
     """
     n_chains, n_per_chain, n_sites = samples.x.shape
-    per_chunk = n_chains if chunk_size is None else max(1, chunk_size // n_per_chain)
+    # all pairs of every sample at once can reach GBs (12 sites: 144 configurations a sample)
+    samples_per_chunk = 1024 if chunk_size is None else chunk_size
+    per_chunk = max(1, samples_per_chunk // n_per_chain)
     chunks = []
     for c0 in range(0, n_chains, per_chunk):
         x = samples.x[c0 : c0 + per_chunk]  # (c, S, N)
