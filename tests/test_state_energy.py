@@ -1,0 +1,49 @@
+"""``scripts/state_energy.py``: the enumerated energy of a trained state is the dense
+Rayleigh quotient of the same (translation-averaged) state, never below the ground state."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _shell_helpers import keep_torch_threads, tiny_heisenberg  # noqa: F401
+
+from vitqs import results
+from vitqs.config import from_dict
+from vitqs.lattice import Lattice
+from vitqs.models import Symmetrized
+from vitqs.run import build_hamiltonian, build_network, run_config
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "state_energy.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("state_energy", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_path):
+    data = tiny_heisenberg(
+        tmp_path / "out", lattice={"shape": [8], "pbc": True}, final={"symmetrize": "translations"}
+    )
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    row = _script().state_energy(Path(summary["results_file"]), max_dim=10_000)
+
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    record = results.read_results(summary["results_file"])
+    model.load_state_dict(results.load_checkpoint(record)["model"])
+    averaged = Symmetrized(model, Lattice((8,)).translations)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(averaged(x)).numpy()
+    dense = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    assert row["enumerated"] == pytest.approx(dense, rel=1e-10)
+    assert row["relative_error"] >= 0
+    # the Monte Carlo final energy estimates the same number
+    assert abs(row["monte_carlo"] - row["enumerated"]) < 6 * row["monte_carlo_error"] + 1e-12
+    assert _script().state_energy(Path(summary["results_file"]), max_dim=10) is None
