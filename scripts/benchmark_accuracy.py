@@ -272,6 +272,9 @@ def render_table(rows: list[dict], label_key: str) -> str:
                 )
             cells = _row_cells(entry, row[label_key])
             lines.append("| " + " | ".join(cells) + " |")
+        if row.get("peer_failure"):
+            failed = [row[label_key], "netket", f"did not finish: {row['peer_failure']}"]
+            lines.append("| " + " | ".join(failed + [""] * (len(HEADER) - 3)) + " |")
     return "\n".join(lines)
 
 
@@ -351,7 +354,11 @@ def _run_systems(args, rows_dir: Path) -> None:
         row = run_vitqs(path, overrides, system, rows_dir)
         row["order"] = SYSTEMS.index(system) if system in SYSTEMS else len(SYSTEMS)
         if args.with_netket:
-            row["peers"] = [run_netket(path, args.budget, row["exact_energy"])]
+            try:
+                row["peers"] = [run_netket(path, args.budget, row["exact_energy"])]
+            except RuntimeError as err:  # keep our row; the table says netket did not finish
+                print(f"{system}: {err}", file=sys.stderr, flush=True)
+                row["peer_failure"] = str(err).splitlines()[0]
         _store(rows_dir, "accuracy", system, row)
         print(_summary_line(system, row), flush=True)
 
