@@ -24,10 +24,10 @@ import yaml
 
 from vitqs import results
 from vitqs.config import from_dict
-from vitqs.estimators import statistics
 from vitqs.models import symmetrize_translations
 from vitqs.run import build_hamiltonian, build_network
 from vitqs.sampler import ExactSampler
+from vitqs.vmc import final_estimate
 
 
 def state_energy(path: Path, max_dim: int) -> dict | None:
@@ -43,10 +43,8 @@ def state_energy(path: Path, max_dim: int) -> dict | None:
     model.load_state_dict(results.load_checkpoint(record)["model"])
     if config.final.symmetrize == "translations":
         model = symmetrize_translations(model, hamiltonian.lattice)
-    sampler = ExactSampler(hamiltonian.hilbert)
-    with torch.no_grad():
-        samples = sampler.sample(model)
-        energy = statistics(sampler.local_energy(hamiltonian, samples.log_psi), samples.weights)
+    with torch.no_grad():  # the exact sampler's weights make this a full sum, not an estimate
+        energy = final_estimate(hamiltonian, model, ExactSampler(hamiltonian.hilbert))
     exact = record.exact["energy"]
     monte_carlo = record.final["energy"]
     return {

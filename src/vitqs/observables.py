@@ -54,6 +54,11 @@ def structure_factor(lattice, correlations: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------- from samples
+# Samples whose pair-exchanged configurations are built at once when no chunk size is given:
+# all pairs of every sample together reach GBs (12 sites: 144 configurations a sample).
+_SAMPLES_PER_CHUNK = 1024
+
+
 def _chain_means(samples, local_values, chunk_size) -> list[torch.Tensor]:
     """Returns per-chain means ``(n_chains, ...)`` of each output of ``local_values``.
 
@@ -61,8 +66,7 @@ def _chain_means(samples, local_values, chunk_size) -> list[torch.Tensor]:
     tensors; with exact weights the "mean" of the single chain is the weighted sum.
     """
     n_chains, n_per_chain, n_sites = samples.x.shape
-    # all pairs of every sample at once can reach GBs (12 sites: 144 configurations a sample)
-    samples_per_chunk = 1024 if chunk_size is None else chunk_size
+    samples_per_chunk = _SAMPLES_PER_CHUNK if chunk_size is None else chunk_size
     per_chunk = max(1, samples_per_chunk // n_per_chain)
     chunks = []
     for c0 in range(0, n_chains, per_chunk):
