@@ -110,6 +110,7 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
         "relative_error": summary["relative_error"],
         "v_score": summary["v_score"],
         "n_sites": config.n_sites,
+        "results_file": str(summary["results_file"]),
         "curve_seconds": seconds.tolist(),
         "curve_relative_error": _relative(energy, exact),
     }
@@ -139,6 +140,12 @@ def _relative(energy, exact) -> list:
 
 def run_netket(config_path: Path, budget: float | None, exact_energy) -> dict:
     """Runs netket's ViT on the config's system in a one-thread subprocess; returns its row."""
+    return netket_row(start_netket(config_path, budget, exact_energy))
+
+
+def start_netket(config_path: Path, budget: float | None, exact_energy, cpu: int | None = None):
+    """Starts the one-thread netket subprocess (pinned to core ``cpu`` if given); see
+    `netket_row` for its result."""
     data = yaml.safe_load(config_path.read_text())
     model, sampler, opt = data["model"], data.get("sampler", {}), data["optimizer"]
     kind = data["hamiltonian"]["kind"]
@@ -160,15 +167,25 @@ def run_netket(config_path: Path, budget: float | None, exact_energy) -> dict:
         },
     }
     env = {**os.environ, **ONE_THREAD_ENV}
-    done = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, __file__, "--netket-worker", json.dumps(spec)],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
+        # XLA keeps threads of its own whatever the flags say: a core of its own holds it to one
+        preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"netket run of {config_path.stem} failed:\n{done.stderr[-2000:]}")
+    return config_path, spec, exact_energy, process
+
+
+def netket_row(started) -> dict:
+    """Waits for a `start_netket` subprocess; returns its table row (RuntimeError on failure)."""
+    config_path, spec, exact_energy, process = started
+    stdout, stderr = process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"netket run of {config_path.stem} failed:\n{stderr[-2000:]}")
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     per_iter = result["seconds_per_iter"] or 0.0
     compile_s = result["seconds_compile"] or 0.0
@@ -236,6 +253,7 @@ def _row_cells(row: dict, label: str) -> list[str]:
         energy,
         exact,
         _fmt(row["relative_error"], ".2e"),
+        _fmt(row.get("enumerated_relative_error"), ".2e"),
         _fmt(row["v_score"], ".1e"),
         row["estimator"],
     ]
@@ -252,6 +270,7 @@ HEADER = [
     "E/N ± err",
     "E_exact/N",
     "rel. error",
+    "rel. error, enumerated",
     "V-score",
     "estimator",
 ]
@@ -351,16 +370,70 @@ def _run_systems(args, rows_dir: Path) -> None:
     for system in args.systems:
         path = CONFIG_DIR / f"{system}.yaml"
         overrides = {} if args.budget is None else {"optimizer.max_seconds": args.budget}
-        row = run_vitqs(path, overrides, system, rows_dir)
+        if args.with_netket and args.side_by_side:
+            row = _side_by_side(path, overrides, system, rows_dir, args.budget)
+        else:
+            row = run_vitqs(path, overrides, system, rows_dir)
+            if args.with_netket:
+                _add_peer(row, system, run_netket, path, args.budget, row["exact_energy"])
         row["order"] = SYSTEMS.index(system) if system in SYSTEMS else len(SYSTEMS)
-        if args.with_netket:
-            try:
-                row["peers"] = [run_netket(path, args.budget, row["exact_energy"])]
-            except RuntimeError as err:  # keep our row; the table says netket did not finish
-                print(f"{system}: {err}", file=sys.stderr, flush=True)
-                row["peer_failure"] = str(err).splitlines()[0]
         _store(rows_dir, "accuracy", system, row)
         print(_summary_line(system, row), flush=True)
+
+
+def _side_by_side(path: Path, overrides: dict, system: str, rows_dir: Path, budget) -> dict:
+    """Runs netket and vitqs at the same time, each process on a core of its own."""
+    from vitqs.config import load
+    from vitqs.run import exact_ground_state
+
+    ground = exact_ground_state(load(path, [f"name={system}"]))  # the cached ED
+    exact_energy = None if ground is None else ground.energy
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--side-by-side needs two cores (one per engine)")
+    started = start_netket(path, budget, exact_energy, cpu=cores[1])
+    os.sched_setaffinity(0, {cores[0]})
+    try:
+        row = run_vitqs(path, overrides, system, rows_dir)
+    finally:
+        os.sched_setaffinity(0, set(cores))
+    _add_peer(row, system, netket_row, started)
+    row["side_by_side"] = True
+    return row
+
+
+def _add_peer(row: dict, system: str, peer, *args) -> None:
+    """Adds the row ``peer(*args)`` returns as the peer of ours, or the reason it failed."""
+    try:
+        row["peers"] = [peer(*args)]
+    except RuntimeError as err:  # keep our row; the table says netket did not finish
+        print(f"{system}: {err}", file=sys.stderr, flush=True)
+        row["peer_failure"] = str(err).splitlines()[0]
+
+
+def enumerate_rows(rows_dir: Path, table: str, max_dim: int, systems=None) -> None:
+    """Adds the enumerated (noise-free, variational) energy of each stored row's final state
+    (of ``systems`` only, if given), from its results file, where the sector has at most
+    ``max_dim`` states."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from state_energy import state_energy
+
+    for path in sorted(rows_dir.glob(f"{table}__*.json")):
+        row = json.loads(path.read_text())
+        if systems is not None and row["system"] not in systems:
+            continue
+        # rows stored before results_file was recorded: an accuracy run is named after its system
+        fallback = rows_dir / f"{row['system']}.h5" if table == "accuracy" else None
+        results_file = row.get("results_file") or fallback
+        if results_file is None or not Path(results_file).exists():
+            continue
+        found = state_energy(Path(results_file), max_dim)
+        if found is None:
+            continue
+        row["enumerated_energy"] = found["enumerated"]
+        row["enumerated_relative_error"] = found["relative_error"]
+        path.write_text(json.dumps(row))
+        print(f"{row['system']}: enumerated rel={found['relative_error']:.2e}", flush=True)
 
 
 def _run_ablation(args, rows_dir: Path) -> None:
@@ -400,6 +473,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), metavar="NAME")
     parser.add_argument("--budget", type=float, default=None, help="seconds per run (override)")
     parser.add_argument("--with-netket", action="store_true", help="netket's ViT beside each row")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="with --with-netket: run netket at the same time as vitqs, one core each",
+    )
     parser.add_argument("--ablation", action="store_true", help="the Bose-Hubbard model ablation")
     parser.add_argument("--ablation-base", default=ABLATION_BASE, metavar="NAME")
     parser.add_argument("--ablation-label", default=None, help="system name in the table")
@@ -408,6 +486,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=REPO / "results" / "accuracy.md")
     parser.add_argument("--rows-dir", type=Path, default=REPO / "results" / "benchmarks")
     parser.add_argument("--report-only", action="store_true", help="re-render from stored rows")
+    parser.add_argument(
+        "--enumerate",
+        action="store_true",
+        help="add the enumerated energy of every stored row's final state (small sectors)",
+    )
+    parser.add_argument("--max-dim", type=int, default=2_000_000, help="largest sector to sum")
     return parser.parse_args(argv)
 
 
@@ -425,6 +509,10 @@ def main(argv=None) -> int:
             _run_ablation(args, args.rows_dir)
         else:
             _run_systems(args, args.rows_dir)
+    if args.enumerate:
+        table = "ablation" if args.ablation else "accuracy"
+        systems = None if args.report_only or args.ablation else set(args.systems)
+        enumerate_rows(args.rows_dir, table, args.max_dim, systems)
     write_report(args.output, args.rows_dir)
     print(args.output)
     return 0

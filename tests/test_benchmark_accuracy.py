@@ -1,8 +1,19 @@
-"""``vitqs bench accuracy``: the report is rendered from stored rows, prose around it is kept."""
+"""``vitqs bench accuracy``: the report is rendered from stored rows, prose around it is kept;
+a stored row gains the enumerated energy of its trained state, shown beside the Monte Carlo
+relative error."""
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from _shell_helpers import keep_torch_threads, tiny_heisenberg  # noqa: F401
 
 from vitqs.cli import main
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _row(engine, relative_error):
@@ -46,3 +57,33 @@ def test_report_only_renders_stored_rows_and_keeps_the_prose(tmp_path):
     assert (tmp_path / "accuracy_vs_time.png").exists()
     assert main(args) == 0  # rendering again replaces the block instead of appending one
     assert output.read_text().count("<!-- begin accuracy-table -->") == 1
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_enumerated_energy_lands_in_the_row_and_the_table(tmp_path):
+    bench = _script("benchmark_accuracy")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_heisenberg(tmp_path / "unused")))
+    rows_dir = tmp_path / "rows"
+    row = bench.run_vitqs(config, {}, "tiny", rows_dir)
+    bench._store(rows_dir, "accuracy", "tiny", row)
+
+    bench.enumerate_rows(rows_dir, "accuracy", max_dim=10_000, systems={"someone_else"})
+    assert "enumerated_energy" not in json.loads((rows_dir / "accuracy__tiny.json").read_text())
+    bench.enumerate_rows(rows_dir, "accuracy", max_dim=10_000)
+    stored = json.loads((rows_dir / "accuracy__tiny.json").read_text())
+
+    expected = _script("state_energy").state_energy(Path(row["results_file"]), max_dim=10_000)
+    assert stored["enumerated_energy"] == pytest.approx(expected["enumerated"], rel=1e-12)
+    assert stored["enumerated_relative_error"] >= 0  # variational: never below E_exact
+    table = bench.render_table([stored], "system")
+    header, _, cells = table.splitlines()
+    column = header.split(" | ").index("rel. error, enumerated")
+    assert cells.split(" | ")[column] == f"{stored['enumerated_relative_error']:.2e}"
