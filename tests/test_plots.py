@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_results import make_record
 
-from vitqs.plots import plot_run, plot_sweep, report
+from vitqs.plots import markdown_table, plot_run, plot_sweep, report
 from vitqs.results import ResultsError, write_results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -101,3 +101,17 @@ def test_plot_sweep_without_exact_or_order_parameters(tmp_path):
     assert [p.name for p in paths] == ["energy_per_site.png"]
     with pytest.raises(ValueError, match="'J'"):
         plot_sweep(rows, "J", tmp_path)
+
+
+def test_markdown_table_keeps_the_digits_of_energies_and_parameters():
+    """A relative error of 1e-6 must be readable off the energies; U = 3.3 stays 3.3."""
+    row = {
+        "U": 3.3,
+        "energy_per_site": -1.0533765671,
+        "energy_error_per_site": 4.27e-05,
+        "relative_error": 1.78e-05,
+        "condensate_fraction": 0.7583,
+        "seconds": 325.26,
+    }
+    line = markdown_table([row], list(row)).splitlines()[2]
+    assert line == "| 3.3 | -1.05337657 | 4.27e-05 | 1.78e-05 | 0.7583 | 325.3 |"

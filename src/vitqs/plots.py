@@ -156,11 +156,14 @@ def _format_cell(column: str, value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, (float, np.floating)):
-        if column in ("energy", "exact_energy"):
-            return f"{value:.6f}"
+        if "energy" in column and "error" not in column:
+            # energies to 1e-8: relative errors of 1e-6 and below must be readable off them
+            return f"{value:.8f}"
         if column == "seconds":
             return f"{value:.1f}"
-        return f"{value:.2e}"
+        if "error" in column or column == "v_score":
+            return f"{value:.2e}"
+        return f"{value:.6g}"  # parameters (U = 3.3) and observables
     return str(value).replace("|", "\\|")  # a bar inside a cell would split it
 
 
