@@ -6,12 +6,16 @@ per run lands in ``<rows-dir>/`` and ``results/accuracy.md`` is rendered from al
 so systems can be run one at a time and the table still comes out whole. With
 ``--with-netket`` each system also runs through netket's ViT (``scripts/netket_peer.py``: same
 size, samples and wall-clock budget) in a subprocess pinned to one thread, in the same
-invocation. ``--ablation`` runs the model variants of the Bose-Hubbard ablation instead.
+invocation: after ours, or with ``--side-by-side`` at the same time, each engine's process held
+to a core of its own. ``--enumerate`` adds to each stored row the energy of its trained state
+summed over the whole sector (``scripts/state_energy.py``: no noise, never below E_exact).
+``--ablation`` runs the model variants of the Bose-Hubbard ablation instead.
 
 Only the blocks between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` markers in
 ``accuracy.md`` are rewritten: the prose around them is kept.
 
     python scripts/benchmark_accuracy.py --systems heisenberg_chain16 --with-netket
+    vitqs bench accuracy --systems heisenberg_4x4 --with-netket --side-by-side --enumerate
     vitqs bench accuracy --ablation --budget 60
 """
 
