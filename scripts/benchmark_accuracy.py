@@ -334,8 +334,8 @@ def plot_curves(rows: list[dict], path: Path, title: str) -> None:
             ax.semilogy(
                 entry["curve_seconds"], entry["curve_relative_error"], label=entry["engine"]
             )
-        title = row.get("label", row["system"]).split(": ", 1)[-1]
-        ax.set_title(textwrap.fill(title, 45), fontsize=8)
+        panel = row.get("label", row["system"]).split(": ", 1)[-1]
+        ax.set_title(textwrap.fill(panel, 45), fontsize=8)
         ax.set_xlabel("wall time of the optimisation (s)")
         ax.set_ylabel("|E − E_exact| / |E_exact|")
         ax.legend(fontsize=8)
@@ -354,7 +354,9 @@ def write_report(output: Path, rows_dir: Path) -> None:
     ablation = load_rows(rows_dir, "ablation")
     if accuracy:
         text = replace_block(text, "accuracy-table", render_table(accuracy, "system"))
-        plot_curves(accuracy, output.parent / "accuracy_vs_time.png", "vitqs vs netket, 1 thread")
+        plot_curves(
+            accuracy, output.parent / "accuracy_vs_time.png", "vitqs vs netket, one core each"
+        )
     if ablation:
         text = replace_block(text, "ablation-table", render_table(ablation, "label"))
         plot_curves(ablation, output.parent / "ablation_vs_time.png", "Bose-Hubbard ablation")
