@@ -189,8 +189,7 @@ def netket_row(started) -> dict:
     stdout, stderr = process.communicate()
     if process.returncode != 0:
         raise RuntimeError(f"netket run of {config_path.stem} failed:\n{stderr[-2000:]}")
-    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(stdout.strip().splitlines()[-1])
     per_iter = result["seconds_per_iter"] or 0.0
     compile_s = result["seconds_compile"] or 0.0
     n_done = result["n_iter_done"]
