@@ -360,15 +360,20 @@ def write_report(output: Path, rows_dir: Path) -> None:
         text = replace_block(text, "ablation-table", render_table(ablation, "label"))
         plot_curves(ablation, output.parent / "ablation_vs_time.png", "Bose-Hubbard ablation")
     text = replace_block(text, "machine", f"Machine: {machine()}.")
-    output.write_text(text)
+    _write_atomic(output, text)
 
 
 # ---- main ---------------------------------------------------------------------------------
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    from vitqs.results import write_text_atomic  # here: the netket worker never loads torch
+
+    write_text_atomic(path, text)
+
+
 def _store(rows_dir: Path, table: str, key: str, row: dict) -> None:
-    rows_dir.mkdir(parents=True, exist_ok=True)
-    (rows_dir / f"{table}__{key}.json").write_text(json.dumps(row))
+    _write_atomic(rows_dir / f"{table}__{key}.json", json.dumps(row))
 
 
 def _run_systems(args, rows_dir: Path) -> None:
@@ -437,7 +442,7 @@ def enumerate_rows(rows_dir: Path, table: str, max_dim: int, systems=None) -> No
             continue
         row["enumerated_energy"] = found["enumerated"]
         row["enumerated_relative_error"] = found["relative_error"]
-        path.write_text(json.dumps(row))
+        _write_atomic(path, json.dumps(row))
         print(f"{row['system']}: enumerated rel={found['relative_error']:.2e}", flush=True)
 
 

@@ -201,6 +201,20 @@ def test_stray_tmp_from_a_killed_writer_is_harmless(tmp_path):
     assert not tmp.exists()
 
 
+def test_text_tables_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "rows" / "accuracy__chain.json"
+    results.write_text_atomic(path, '{"energy": -7.1}')
+    assert path.read_text() == '{"energy": -7.1}'
+
+    def crash(src, dst):
+        raise OSError("disk full at the rename")
+
+    monkeypatch.setattr(results.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        results.write_text_atomic(path, '{"energy": -7.2}')
+    assert path.read_text() == '{"energy": -7.1}'
+    assert sorted(p.name for p in path.parent.iterdir()) == ["accuracy__chain.json"]
+
 def test_truncated_file_raises_results_error(tmp_path):
     path = write_results(tmp_path / "run.h5", make_record())
     data = path.read_bytes()

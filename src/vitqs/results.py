@@ -243,6 +243,24 @@ def write_results(path: str | Path, record: RunRecord) -> Path:
     return path
 
 
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Writes ``text`` to ``path`` through ``<path>.tmp`` and ``os.replace``: a reader (or a
+    crash) sees the old file or the new one, never half of one. Creates the parent folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def _check_record(record: RunRecord) -> None:
     if record.status not in STATUSES:
         raise ResultsError(f"status {record.status!r} must be one of {list(STATUSES)}")

@@ -166,12 +166,7 @@ def _write_tables(rows: list[dict], out_dir: Path) -> list[Path]:
     writer.writeheader()
     writer.writerows(rows)
     paths = [out_dir / "summary.csv", out_dir / "summary.md"]
-    _atomic_text(paths[0], buffer.getvalue())
-    _atomic_text(paths[1], markdown_table(rows, columns) + "\n")
+    results.write_text_atomic(paths[0], buffer.getvalue())
+    results.write_text_atomic(paths[1], markdown_table(rows, columns) + "\n")
     return paths
 
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
