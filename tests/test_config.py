@@ -119,6 +119,26 @@ BAD = {
         "sampler.late_fraction",
     ),
     "final_symmetrize": (lambda d: d.update(final={"symmetrize": "all"}), "final.symmetrize"),
+    # a positive ψ for a Hamiltonian with a sign structure: J2 > 0 frustrates the sign rule
+    "positive_frustrated": (
+        lambda d: (d["model"].update(positive=True), d["hamiltonian"].update(J2=0.5)),
+        "model.positive=true needs a ground state without signs",
+    ),
+    "positive_no_sign_rule": (
+        lambda d: (d["model"].update(positive=True), d["hamiltonian"].update(sign_rule=False)),
+        "sign_rule=false",
+    ),
+    "positive_simple_vit": (
+        lambda d: d["model"].update(positive=True, kind="simple_vit"),
+        "model.positive=true applies to model.kind='vit'",
+    ),
+    "positive_bosons_negative_J": (
+        lambda d: (
+            d["model"].update(positive=True),
+            d.update(hamiltonian={"kind": "bose_hubbard", "n_particles": 4, "J": -1.0}),
+        ),
+        "J=-1.0",
+    ),
 }
 
 

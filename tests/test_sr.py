@@ -7,6 +7,8 @@ from _vmc_helpers import ComplexRBM
 
 from vitqs.estimators import local_energy
 from vitqs.lattice import Lattice
+from vitqs.models import ViT
+from vitqs.models.symmetrize import Symmetrized
 from vitqs.operators import BoseHubbard, Heisenberg
 from vitqs.sampler import ExactSampler
 from vitqs.sr import (
@@ -147,6 +149,55 @@ def test_qgt_and_force_from_the_exact_distribution_match_dense_formulas(make_ham
     np.testing.assert_allclose(S.numpy(), S_dense, atol=1e-10)
     np.testing.assert_allclose(F.numpy(), F_dense, atol=1e-10)
 
+
+def _positive_vit(hamiltonian, symmetrize=False):
+    lattice = hamiltonian.lattice
+    states = tuple(hamiltonian.hilbert.local_states)
+    model = ViT(lattice.shape, 2, 8, 2, 1, local_states=states, jastrow=True, positive=True)
+    for p in model.parameters():  # away from the initial values, so every derivative is alive
+        p.data.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    return Symmetrized(model, lattice.translations) if symmetrize else model
+
+
+@pytest.mark.parametrize(
+    "make_hamiltonian",
+    [
+        lambda: Heisenberg(Lattice((8,)), sign_rule=True),
+        lambda: BoseHubbard(Lattice((6,)), U=3.3, n_particles=6),
+    ],
+)
+@pytest.mark.parametrize("symmetrize", [False, True])
+def test_a_positive_vit_has_real_log_derivatives_and_the_exact_qgt_and_force(
+    make_hamiltonian, symmetrize
+):
+    hamiltonian = make_hamiltonian()
+    model = _positive_vit(hamiltonian, symmetrize)
+    assert model.positive
+    samples = ExactSampler(hamiltonian.hilbert).sample(model)
+    x, weights = samples.x[0], samples.weights[0]
+    assert torch.all(samples.log_psi[0].imag == 0)
+    jac = log_derivatives(model, x)
+    assert jac.dtype == torch.float64 and jac.shape == (len(x), parameter_vector(model).numel())
+    e_loc = local_energy(hamiltonian, model, x, samples.log_psi[0])
+    S_dense, F_dense = _dense_qgt_and_force(model, hamiltonian)
+    np.testing.assert_allclose(quantum_geometric_tensor(jac, weights).numpy(), S_dense, atol=1e-10)
+    np.testing.assert_allclose(force(jac, e_loc, weights).numpy(), F_dense, atol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["sr", "minsr"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_real_log_derivatives_give_the_update_of_zero_imaginary_parts(method, weighted):
+    # the Im rows of X are zero for a positive ψ: leaving them out changes nothing, even
+    # though the local energies keep an imaginary part
+    jac, e_loc, weights = _random_problem(20, 50, seed=4, weighted=weighted)
+    real = jac.real.contiguous()
+    kwargs = {"diag_shift": 1e-2, "weights": weights, "method": method}
+    torch.testing.assert_close(
+        natural_gradient(real, e_loc, **kwargs),
+        natural_gradient(torch.complex(real, torch.zeros_like(real)), e_loc, **kwargs),
+        rtol=1e-10,
+        atol=1e-12,
+    )
 
 def test_energy_gradient_is_twice_the_force_and_matches_autograd():
     hamiltonian = Heisenberg(Lattice((6,)), J2=0.2)

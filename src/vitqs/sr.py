@@ -49,7 +49,8 @@ def set_parameter_vector(model, vector: torch.Tensor):
 
 # ------------------------------------------------------------- log-derivatives
 def log_derivatives(model, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """Returns ``O_k(x) = ∂ log ψ(x)/∂θ_k`` as complex128 ``(N_s, P)``.
+    """Returns ``O_k(x) = ∂ log ψ(x)/∂θ_k`` as complex128 ``(N_s, P)``, or float64 for a
+    model with ``positive`` set (real ``log ψ``: its imaginary part is zero, not computed).
 
     One ``jacrev`` per sample of the real and imaginary parts of ``log ψ``, vectorised over
     samples with ``vmap``; columns follow `parameter_vector` order.
@@ -61,22 +62,27 @@ def log_derivatives(model, x: torch.Tensor, chunk_size: int | None = None) -> to
     """
     params = {name: p.detach() for name, p in trainable_parameters(model).items()}
     buffers = dict(model.named_buffers())
+    positive = bool(getattr(model, "positive", False))
 
-    def log_psi_parts(params, x_one):  # (N,) -> (2,): Re and Im of log ψ
+    def log_psi_parts(params, x_one):  # (N,) -> (2,): Re and Im of log ψ; (1,) if positive
         out = functional_call(model, (params, buffers), (x_one.unsqueeze(0),))[0]
+        if positive:
+            return out.real.unsqueeze(0)
         imag = out.imag if out.is_complex() else torch.zeros_like(out)
         return torch.stack([out.real, imag])
 
     jacobian = vmap(jacrev(log_psi_parts), in_dims=(None, 0))
     step = x.shape[0] if chunk_size is None else chunk_size
     n_params = sum(p.numel() for p in params.values())
-    out = torch.empty((x.shape[0], n_params), dtype=torch.complex128, device=x.device)
-    parts = torch.view_as_real(out)  # (N_s, P, 2): Re, Im; each block is copied in once
+    dtype = torch.float64 if positive else torch.complex128
+    out = torch.empty((x.shape[0], n_params), dtype=dtype, device=x.device)
+    # (N_s, P, parts): Re (and Im) side by side; each block is copied in once
+    parts = out[..., None] if positive else torch.view_as_real(out)
     for start in range(0, x.shape[0], step):
-        jac = jacobian(params, x[start : start + step])  # name -> (B, 2, *shape)
+        jac = jacobian(params, x[start : start + step])  # name -> (B, parts, *shape)
         column = 0
         for j in jac.values():
-            block = rearrange(j, "batch part ... -> batch (...) part")  # (B, n, 2)
+            block = rearrange(j, "batch part ... -> batch (...) part")  # (B, n, parts)
             rows = parts[start : start + block.shape[0], column : column + block.shape[1]]
             rows.copy_(block)
             column += block.shape[1]
@@ -92,24 +98,30 @@ def _weights_or_uniform(n_samples: int, weights, device) -> torch.Tensor:
 
 
 def _scaled_centred(jac, e_loc, weights):
-    """Returns ``X = [Re Ō; Im Ō] √p`` ``(2N_s, P)`` and ``e = [Re ε; Im ε] √p`` ``(2N_s,)``."""
+    """Returns ``X = [Re Ō; Im Ō] √p`` ``(2N_s, P)`` and ``e = [Re ε; Im ε] √p`` ``(2N_s,)``.
+
+    For real log-derivatives (a positive ψ) the ``Im Ō`` rows are zero and are left out:
+    ``X = Ō √p`` ``(N_s, P)``, ``e = Re ε √p``. S, F and both solves are unchanged (a zero
+    row of X adds nothing to ``XᵀX`` or ``Xᵀe``, and ``Xᵀ(XXᵀ + λ)⁻¹e`` never reads the
+    matching entry of e), at a quarter of the minSR kernel's cost.
+    """
     n_samples = jac.shape[0]
-    jac = jac.to(torch.complex128)
+    parts = [jac.real, jac.imag] if jac.is_complex() else [jac.to(torch.float64)]
     e_loc = e_loc.reshape(-1).to(torch.complex128)
     p = _weights_or_uniform(n_samples, weights, jac.device)
     flat_w = None if weights is None else p
     sqrt_p = p.sqrt()[:, None]
-    mean = sample_mean(jac, flat_w)  # (P,)
     # real arithmetic written straight into X: no complex temporaries of the (N_s, P) size
-    X = torch.empty((2 * n_samples, jac.shape[1]), dtype=torch.float64, device=jac.device)
-    for rows, part, centre in (
-        (X[:n_samples], jac.real, mean.real),
-        (X[n_samples:], jac.imag, mean.imag),
-    ):
-        torch.sub(part, centre, out=rows)
+    X = torch.empty(
+        (len(parts) * n_samples, jac.shape[1]), dtype=torch.float64, device=jac.device
+    )
+    for k, part in enumerate(parts):
+        part = part.to(torch.float64)
+        rows = X[k * n_samples : (k + 1) * n_samples]
+        torch.sub(part, sample_mean(part, flat_w), out=rows)
         rows.mul_(sqrt_p)
     eps = (e_loc - sample_mean(e_loc, flat_w)) * sqrt_p[:, 0]  # (N_s,)
-    e = torch.cat([eps.real, eps.imag])  # (2N_s,)
+    e = torch.cat([eps.real, eps.imag][: len(parts)])
     return X, e
 
 

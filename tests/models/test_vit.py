@@ -132,6 +132,15 @@ def test_parameter_count_matches_formula(attention, translation_invariant, embed
     assert _n_params(model) == expected
 
 
+def test_positive_vit_is_real_and_drops_the_imaginary_head():
+    complex_model = ViT((4, 4), 2, 8, 2, 1)
+    positive = ViT((4, 4), 2, 8, 2, 1, positive=True)
+    # the head loses W_im (d × d) and b_im (d)
+    assert _n_params(complex_model) - _n_params(positive) == 8 * 8 + 8
+    log_psi = positive(random_spins(6, 16))
+    assert log_psi.dtype == torch.complex128 and torch.all(log_psi.imag == 0)
+    assert torch.isfinite(log_psi.real).all() and log_psi.real.std() > 0
+
 def test_jastrow_factor_adds_its_parameters():
     plain = ViT((4, 4), 2, 8, 2, 1)
     with_jastrow = ViT((4, 4), 2, 8, 2, 1, jastrow=True)

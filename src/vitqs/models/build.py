@@ -83,4 +83,5 @@ def _build_bare(cfg, lattice, hilbert) -> nn.Module:
         jastrow=cfg.jastrow,
         pbc=lattice.pbc,
         head_init_std=getattr(cfg, "head_init_std", HEAD_INIT_STD),
+        positive=getattr(cfg, "positive", False),
     )

@@ -71,6 +71,7 @@ class Jastrow(nn.Module):
         self, lattice_shape: tuple[int, ...], pbc: bool = True, local_states: tuple | None = None
     ):
         super().__init__()
+        self.positive = True  # log J is real: J(x) > 0
         self.translation_period = (1, 1)  # depends on displacements only
         pair_class, n_classes = pair_classes(lattice_shape, pbc)
         self.register_buffer("pair_class", torch.as_tensor(pair_class), persistent=False)

@@ -51,6 +51,8 @@ class Symmetrized(nn.Module):
             )
         self.model = model
         self.spin_flip = int(spin_flip)
+        # a sum of positive terms stays positive; an odd spin-flip projection does not
+        self.positive = bool(getattr(model, "positive", False)) and self.spin_flip >= 0
         self.register_buffer("translations", translations, persistent=False)
         # Each spin-inversion sector σ: the factor on x and the phase of its weight s^σ.
         signs = (1.0, -1.0) if spin_flip else (1.0,)

@@ -95,21 +95,30 @@ class LogCoshHead(nn.Module):
     number through a layer of log-cosh units. ``w = w_re + i w_im`` and ``b = b_re + i b_im`` are
     held as four real parameters. Init: ``w ~ N(0, σ²)`` with ``σ = HEAD_INIT_STD``, ``b = 0``,
     so ``log ψ ≈ Σ_α (w_α·z)²/2 = O(n_hidden · d_model · σ²)``: ψ starts close to uniform.
+
+    With ``positive`` only ``w_re`` and ``b_re`` exist: ``log ψ`` is real (its imaginary part
+    exactly zero), ``ψ > 0``, for the positive ground state of a stoquastic ``H``.
     """
 
-    def __init__(self, d_model: int, n_hidden: int, init_std: float = HEAD_INIT_STD):
+    def __init__(
+        self, d_model: int, n_hidden: int, init_std: float = HEAD_INIT_STD, positive=False
+    ):
         super().__init__()
+        self.positive = bool(positive)
         self.norm = nn.LayerNorm(d_model)
         self.weight_re = nn.Parameter(init_std * torch.randn(n_hidden, d_model))
-        self.weight_im = nn.Parameter(init_std * torch.randn(n_hidden, d_model))
         self.bias_re = nn.Parameter(torch.zeros(n_hidden))
-        self.bias_im = nn.Parameter(torch.zeros(n_hidden))
+        if not self.positive:
+            self.weight_im = nn.Parameter(init_std * torch.randn(n_hidden, d_model))
+            self.bias_im = nn.Parameter(torch.zeros(n_hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.norm(reduce(x, "batch patch d -> batch d", "sum"))
-        theta = torch.complex(
-            z @ self.weight_re.T + self.bias_re, z @ self.weight_im.T + self.bias_im
-        )  # (batch, hidden)
+        theta_re = z @ self.weight_re.T + self.bias_re  # (batch, hidden)
+        if self.positive:
+            log_psi = log_cosh(theta_re).sum(dim=-1)
+            return torch.complex(log_psi, torch.zeros_like(log_psi))
+        theta = torch.complex(theta_re, z @ self.weight_im.T + self.bias_im)
         return log_cosh(theta).sum(dim=-1)
 
 
@@ -142,6 +151,8 @@ class ViT(nn.Module):
         jastrow: add the log of a two-body ``Jastrow`` factor.
         pbc: boundary conditions of the Jastrow factor's displacements.
         head_init_std: std of the head's complex output weights at initialisation.
+        positive: a real head, ``ψ(x) > 0`` (see ``LogCoshHead``); the Jastrow factor is real
+            already. ``log_derivatives`` then skips the imaginary part.
     """
 
     def __init__(
@@ -158,8 +169,10 @@ class ViT(nn.Module):
         jastrow: bool = False,
         pbc: bool = True,
         head_init_std: float = HEAD_INIT_STD,
+        positive: bool = False,
     ):
         super().__init__()
+        self.positive = bool(positive)
         check_choice("attention", attention, ATTENTIONS)
         check_choice("embedding", embedding, EMBEDDINGS)
         d_model = check_positive_int("d_model", d_model)
@@ -185,7 +198,9 @@ class ViT(nn.Module):
         )
         if not head_init_std > 0:
             raise ValueError(f"model.head_init_std={head_init_std!r} must be > 0")
-        self.head = LogCoshHead(d_model, n_hidden=d_model, init_std=float(head_init_std))
+        self.head = LogCoshHead(
+            d_model, n_hidden=d_model, init_std=float(head_init_std), positive=self.positive
+        )
         self.jastrow = None
         if jastrow:
             # occupations (more than two values): a free on-site table u(n), see ``Jastrow``;
