@@ -291,3 +291,29 @@ def test_final_energy_of_the_translation_average_is_its_rayleigh_quotient(tmp_pa
     energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
     assert summary["energy"] == pytest.approx(energy, rel=1e-10)
     assert summary["energy"] >= summary["exact_energy"] - 1e-10
+
+
+def test_final_state_is_the_mean_of_the_late_iterates(tmp_path):
+    # full sum: the final energy must be the Rayleigh quotient of the averaged parameters
+    from vitqs.run import build_hamiltonian, build_network
+    from vitqs.sr import set_parameter_vector
+
+    data = tiny_heisenberg(
+        tmp_path / "out",
+        sampler={"kind": "full_sum"},
+        optimizer={"n_iter": 6, "average_from": 0.5},
+    )
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    state = results.load_checkpoint(results.read_results(summary["results_file"]))
+    mean, count = state["vmc"]["average"]
+    assert count == 3
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    set_parameter_vector(model, mean)
+    torch.testing.assert_close(model.state_dict(), state["model"], rtol=0, atol=0)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(model(x)).numpy()
+    energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    assert summary["energy"] == pytest.approx(energy, rel=1e-10)

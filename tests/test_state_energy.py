@@ -47,3 +47,28 @@ def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_pat
     # the Monte Carlo final energy estimates the same number
     assert abs(row["monte_carlo"] - row["enumerated"]) < 6 * row["monte_carlo_error"] + 1e-12
     assert _script().state_energy(Path(summary["results_file"]), max_dim=10) is None
+    assert "last_iterate_relative_error" not in row  # no averaging in this run
+
+
+def test_an_averaged_run_also_reports_its_last_iterate(tmp_path):
+    from vitqs.sr import set_parameter_vector
+
+    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 6, "average_from": 0.5})
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    row = _script().state_energy(Path(summary["results_file"]), max_dim=10_000)
+    record = results.read_results(summary["results_file"])
+    theta_last = results.load_checkpoint(record)["vmc"]["last_good"][0]
+
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    set_parameter_vector(model, theta_last)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(model(x)).numpy()
+    dense = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    exact = record.exact["energy"]
+    assert row["last_iterate_relative_error"] == pytest.approx(
+        (dense - exact) / abs(exact), rel=1e-9
+    )
+    assert row["last_iterate_relative_error"] != row["relative_error"]

@@ -182,6 +182,31 @@ def test_checkpoint_resumes_the_same_trajectory():
     assert resumed[0].step == 3
 
 
+def test_parameters_are_averaged_over_the_late_steps_and_kept_in_checkpoints():
+    hamiltonian = Heisenberg(Lattice((4,)))
+    model = ComplexRBM(4, seed=12)
+    settings = OptimizerSettings(lr=0.05, n_iter=8, average_from=0.5)
+    vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings)
+    measured = []  # θ before each step: the parameters whose energy that step measured
+    for _ in range(5):
+        measured.append(parameter_vector(model))
+        vmc.step()
+    assert vmc.averaged_parameters() is not None  # steps 4 (= 0.5 · 8) and on
+    state = vmc.state_dict()
+    for _ in range(3):
+        measured.append(parameter_vector(model))
+        vmc.step()
+    mean, count = vmc.averaged_parameters()
+    assert count == 4
+    torch.testing.assert_close(mean, torch.stack(measured[4:]).mean(dim=0), rtol=0, atol=1e-14)
+    assert float((mean - parameter_vector(model)).norm()) > 0  # not just the last iterate
+    resumed = VMC(hamiltonian, ComplexRBM(4, seed=12), ExactSampler(hamiltonian.hilbert), settings)
+    resumed.load_state_dict(state)
+    assert resumed.averaged_parameters()[1] == 1
+    with pytest.raises(ValueError, match="optimizer.average_from"):
+        OptimizerSettings(average_from=1.5)
+
+
 @pytest.mark.usefixtures("single_thread")
 def test_final_estimate_uses_the_requested_samples():
     hamiltonian = Heisenberg(Lattice((6,)))

@@ -240,6 +240,9 @@ class OptimizerConfig:
     # wall-clock budget of the optimisation loop in seconds (null: none); schedules run over
     # n_iter or over this budget, whichever ends first, so a budgeted run ends its schedule
     max_seconds: float | None = option(None, optional(real(positive=True)))
+    # the final state is the mean of the parameters measured after this fraction of the run
+    # (of n_iter or of max_seconds): Polyak averaging of SR's noisy iterates (null: off)
+    average_from: float | None = option(None, optional(real(minimum=0.0, maximum=1.0)))
 
 
 @dataclass

@@ -29,6 +29,7 @@ from vitqs.lattice import Lattice
 from vitqs.models import build_model, symmetrize_translations
 from vitqs.operators import BoseHubbard, Heisenberg
 from vitqs.sampler import ExactSampler, MetropolisSampler
+from vitqs.sr import set_parameter_vector
 from vitqs.vmc import (
     VMC,
     NonFiniteEnergyError,
@@ -473,6 +474,9 @@ def _signals_to_flag():
 
 def _finish(run: Run, start: float) -> dict:
     config, record = run.config, run.record
+    averaged = run.vmc.averaged_parameters()
+    if averaged is not None:  # the final state is the mean of the late iterates
+        set_parameter_vector(run.model, averaged[0])
     model = run.model
     if config.final.symmetrize == "translations":
         model = symmetrize_translations(run.model, run.hamiltonian.lattice)

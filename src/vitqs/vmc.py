@@ -63,6 +63,10 @@ class OptimizerSettings:
         diag_shift: λ added to S (or to the kernel) (initial value when scheduled).
         diag_shift_final, diag_shift_schedule: as for the learning rate.
         n_iter: number of steps; schedules run over it.
+        average_from: fraction of the run (of ``n_iter`` or of the wall-clock budget) after
+            which the measured parameters are averaged (None: off); `averaged_parameters`
+            gives the mean. At a constant lr, SR's noise keeps θ diffusing around the optimum
+            it has reached; the mean of the iterates sits closer to it than any one of them.
         max_retries: consecutive non-finite retries before the run stops.
     """
 
@@ -74,6 +78,7 @@ class OptimizerSettings:
     diag_shift_final: float | None = None
     diag_shift_schedule: str = "constant"
     n_iter: int = 200
+    average_from: float | None = None
     max_retries: int = 5
 
     def __post_init__(self):
@@ -88,6 +93,10 @@ class OptimizerSettings:
             raise ValueError(
                 f"optimizer.lr={self.lr} must be > 0 and "
                 f"optimizer.diag_shift={self.diag_shift} >= 0"
+            )
+        if self.average_from is not None and not 0 <= self.average_from <= 1:
+            raise ValueError(
+                f"optimizer.average_from={self.average_from} must be between 0 and 1 (or null)"
             )
         if self.n_iter < 1 or self.max_retries < 0:
             raise ValueError(
@@ -152,6 +161,7 @@ class VMC:
         self.adam = Adam() if settings.method == "adam" else None
         self._last_good: tuple[torch.Tensor, dict | None] | None = None  # before last update
         self._last_energy: float | None = None
+        self._average: tuple[torch.Tensor, int] | None = None  # (mean θ, count)
 
     def run(self, n_iter: int | None = None) -> Iterator[StepResult]:
         """Yields one `StepResult` per step, ``n_iter`` steps (default ``settings.n_iter``)."""
@@ -190,6 +200,7 @@ class VMC:
                 self.adam.load_state_dict(adam_before)
             return None  # nothing applied
         self._last_good = (theta, adam_before)
+        self._add_to_average(theta)  # θ whose energy was just measured finite
         set_parameter_vector(self.model, theta - lr * update)
         self._last_energy = stats.mean.real
         return StepResult(
@@ -201,6 +212,25 @@ class VMC:
             diag_shift=diag_shift,
             timings=timings,
         )
+
+    def progress(self) -> float:
+        """Returns the fraction of the run done: of ``n_iter`` steps or of the budget."""
+        return max(self.step_count / self.settings.n_iter, self.budget_progress or 0.0)
+
+    def _add_to_average(self, theta: torch.Tensor) -> None:
+        start = self.settings.average_from
+        if start is None or self.progress() < start:
+            return
+        if self._average is None:
+            self._average = (theta.clone(), 1)
+            return
+        mean, count = self._average
+        self._average = (mean + (theta - mean) / (count + 1), count + 1)
+
+    def averaged_parameters(self) -> tuple[torch.Tensor, int] | None:
+        """Returns the mean of the parameters measured since ``average_from`` and how many
+        steps it holds, or None (averaging off, or not reached yet)."""
+        return self._average
 
     def _hyperparameters(self, boost: float) -> tuple[float, float]:
         lr = self.settings.lr_at(self.step_count, self.budget_progress)
@@ -245,6 +275,7 @@ class VMC:
             "adam": _copy_state(self.adam),
             "last_energy": self._last_energy,
             "last_good": self._last_good,
+            "average": self._average,
         }
 
     def load_state_dict(self, state: dict):
@@ -253,6 +284,7 @@ class VMC:
             self.adam.load_state_dict(state["adam"])
         self._last_energy = state.get("last_energy")
         self._last_good = state.get("last_good")
+        self._average = state.get("average")
 
 
 def optimize(
