@@ -128,6 +128,7 @@ def describe_model(model: dict) -> str:
     if model["kind"] == "vit":
         text = f"vit {model['layers']}L " + text[4:] + f" {model['embedding']}"
         text += "+Jastrow" if model["jastrow"] else ""
+        text += ", ψ>0" if model.get("positive") else ""
     text += "+transl" if model["symmetrize"] == "translations" else ""
     text += f"+flip{model['spin_flip']:+d}" if model["spin_flip"] else ""
     return text
@@ -383,12 +384,31 @@ def _run_systems(args, rows_dir: Path) -> None:
         if args.with_netket and args.side_by_side:
             row = _side_by_side(path, overrides, system, rows_dir, args.budget)
         else:
+            earlier = _earlier_peers(rows_dir, system) if args.keep_peers else None
             row = run_vitqs(path, overrides, system, rows_dir)
             if args.with_netket:
                 _add_peer(row, system, run_netket, path, args.budget, row["exact_energy"])
+            elif earlier:
+                row["peers"] = earlier
         row["order"] = SYSTEMS.index(system) if system in SYSTEMS else len(SYSTEMS)
         _store(rows_dir, "accuracy", system, row)
         print(_summary_line(system, row), flush=True)
+
+
+def _earlier_peers(rows_dir: Path, system: str) -> list[dict] | None:
+    """Returns the netket rows stored beside ``system``'s last row, each marked as coming
+    from that earlier invocation (its estimator cell says so), or None."""
+    path = rows_dir / f"accuracy__{system}.json"
+    if not path.exists():
+        return None
+    peers = json.loads(path.read_text()).get("peers") or None
+    for peer in peers or []:
+        if not peer["estimator"].endswith(EARLIER):
+            peer["estimator"] += EARLIER
+    return peers
+
+
+EARLIER = ", from an earlier invocation"
 
 
 def _side_by_side(path: Path, overrides: dict, system: str, rows_dir: Path, budget) -> dict:
@@ -487,6 +507,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--side-by-side",
         action="store_true",
         help="with --with-netket: run netket at the same time as vitqs, one core each",
+    )
+    parser.add_argument(
+        "--keep-peers",
+        action="store_true",
+        help="without --with-netket: keep the netket rows stored for each system (marked as "
+        "from an earlier invocation) instead of dropping them",
     )
     parser.add_argument("--ablation", action="store_true", help="the Bose-Hubbard model ablation")
     parser.add_argument("--ablation-base", default=ABLATION_BASE, metavar="NAME")

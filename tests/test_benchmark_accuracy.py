@@ -87,3 +87,19 @@ def test_enumerated_energy_lands_in_the_row_and_the_table(tmp_path):
     header, _, cells = table.splitlines()
     column = header.split(" | ").index("rel. error, enumerated")
     assert cells.split(" | ")[column] == f"{stored['enumerated_relative_error']:.2e}"
+
+
+def test_kept_peers_come_back_marked_as_from_an_earlier_invocation(tmp_path):
+    bench = _script("benchmark_accuracy")
+    rows_dir = tmp_path / "rows"
+    bench._store(
+        rows_dir, "accuracy", "tiny", {**_row("vitqs", 1e-3), "peers": [_row("netket", 2e-2)]}
+    )
+    peers = bench._earlier_peers(rows_dir, "tiny")
+    assert [p["engine"] for p in peers] == ["netket"]
+    assert peers[0]["relative_error"] == 2e-2
+    assert peers[0]["estimator"] == "Monte Carlo" + bench.EARLIER
+    # a row kept twice is marked once
+    bench._store(rows_dir, "accuracy", "tiny", {**_row("vitqs", 1e-3), "peers": peers})
+    assert bench._earlier_peers(rows_dir, "tiny")[0]["estimator"].count(bench.EARLIER) == 1
+    assert bench._earlier_peers(rows_dir, "nobody") is None
