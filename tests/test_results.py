@@ -215,6 +215,7 @@ def test_text_tables_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     assert path.read_text() == '{"energy": -7.1}'
     assert sorted(p.name for p in path.parent.iterdir()) == ["accuracy__chain.json"]
 
+
 def test_truncated_file_raises_results_error(tmp_path):
     path = write_results(tmp_path / "run.h5", make_record())
     data = path.read_bytes()

@@ -199,6 +199,7 @@ def test_real_log_derivatives_give_the_update_of_zero_imaginary_parts(method, we
         atol=1e-12,
     )
 
+
 def test_energy_gradient_is_twice_the_force_and_matches_autograd():
     hamiltonian = Heisenberg(Lattice((6,)), J2=0.2)
     model = ComplexRBM(6, seed=6)

@@ -112,9 +112,7 @@ def _scaled_centred(jac, e_loc, weights):
     flat_w = None if weights is None else p
     sqrt_p = p.sqrt()[:, None]
     # real arithmetic written straight into X: no complex temporaries of the (N_s, P) size
-    X = torch.empty(
-        (len(parts) * n_samples, jac.shape[1]), dtype=torch.float64, device=jac.device
-    )
+    X = torch.empty((len(parts) * n_samples, jac.shape[1]), dtype=torch.float64, device=jac.device)
     for k, part in enumerate(parts):
         part = part.to(torch.float64)
         rows = X[k * n_samples : (k + 1) * n_samples]

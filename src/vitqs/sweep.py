@@ -169,4 +169,3 @@ def _write_tables(rows: list[dict], out_dir: Path) -> list[Path]:
     results.write_text_atomic(paths[0], buffer.getvalue())
     results.write_text_atomic(paths[1], markdown_table(rows, columns) + "\n")
     return paths
-

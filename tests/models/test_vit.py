@@ -141,6 +141,7 @@ def test_positive_vit_is_real_and_drops_the_imaginary_head():
     assert log_psi.dtype == torch.complex128 and torch.all(log_psi.imag == 0)
     assert torch.isfinite(log_psi.real).all() and log_psi.real.std() > 0
 
+
 def test_jastrow_factor_adds_its_parameters():
     plain = ViT((4, 4), 2, 8, 2, 1)
     with_jastrow = ViT((4, 4), 2, 8, 2, 1, jastrow=True)
