@@ -401,8 +401,10 @@ def _earlier_peers(rows_dir: Path, system: str) -> list[dict] | None:
     path = rows_dir / f"accuracy__{system}.json"
     if not path.exists():
         return None
-    peers = json.loads(path.read_text()).get("peers") or None
-    for peer in peers or []:
+    peers = json.loads(path.read_text()).get("peers")
+    if not peers:
+        return None
+    for peer in peers:
         if not peer["estimator"].endswith(EARLIER):
             peer["estimator"] += EARLIER
     return peers

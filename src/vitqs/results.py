@@ -20,6 +20,7 @@ Layout (format_version 1)::
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -226,39 +227,37 @@ def write_results(path: str | Path, record: RunRecord) -> Path:
     inconsistent record (unknown status or keys, checkpoint step != history length,
     observables without final).
     """
-    path = Path(path)
     _check_record(record)
     record.updated = _now()
+    with _replacing(path) as tmp:
+        with h5py.File(tmp, "w") as f:
+            _write_file(f, record)
+    return Path(path)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Writes ``text`` to ``path`` through ``<path>.tmp`` and ``os.replace``: a reader (or a
+    crash) sees the old file or the new one, never half of one. Creates the parent folder."""
+    with _replacing(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def _replacing(path: str | Path):
+    """Yields ``<path>.tmp`` to write; then syncs it and moves it over ``path``. On any error
+    the tmp file is removed and ``path`` keeps its previous content."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with h5py.File(tmp, "w") as f:
-            _write_file(f, record)
+        yield tmp
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())  # the data must be on disk before the rename makes it visible
         os.replace(tmp, path)
     except BaseException:  # also KeyboardInterrupt: never leave a half file behind
         tmp.unlink(missing_ok=True)
         raise
-    return path
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Writes ``text`` to ``path`` through ``<path>.tmp`` and ``os.replace``: a reader (or a
-    crash) sees the old file or the new one, never half of one. Creates the parent folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _check_record(record: RunRecord) -> None:

@@ -418,10 +418,9 @@ def _follow_budget(run: Run, step: int, seconds: float) -> None:
     ``max_seconds`` spent (schedules end with the budget if it ends before ``n_iter``), and
     ``sampler.n_samples_late`` once past ``late_fraction`` of ``n_iter`` or of the budget."""
     cfg, optimizer = run.config.sampler, run.config.optimizer
-    progress = step / optimizer.n_iter
     if optimizer.max_seconds is not None:
         run.vmc.budget_progress = min(seconds / optimizer.max_seconds, 1.0)
-        progress = max(progress, run.vmc.budget_progress)
+    progress = run.vmc.progress()
     if cfg.n_samples_late is not None and isinstance(run.sampler, MetropolisSampler):
         late = progress >= cfg.late_fraction
         run.sampler.set_n_samples(cfg.n_samples_late if late else cfg.n_samples)

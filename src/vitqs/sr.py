@@ -106,7 +106,7 @@ def _scaled_centred(jac, e_loc, weights):
     matching entry of e), at a quarter of the minSR kernel's cost.
     """
     n_samples = jac.shape[0]
-    parts = [jac.real, jac.imag] if jac.is_complex() else [jac.to(torch.float64)]
+    parts = [jac.real, jac.imag] if jac.is_complex() else [jac]
     e_loc = e_loc.reshape(-1).to(torch.complex128)
     p = _weights_or_uniform(n_samples, weights, jac.device)
     flat_w = None if weights is None else p
