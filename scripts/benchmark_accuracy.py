@@ -5,9 +5,11 @@ states (``optimizer.max_seconds``, overridable with ``--budget``), then measured
 per run lands in ``<rows-dir>/`` and ``results/accuracy.md`` is rendered from all stored rows,
 so systems can be run one at a time and the table still comes out whole. With
 ``--with-netket`` each system also runs through netket's ViT (``scripts/netket_peer.py``: same
-size, samples and wall-clock budget) in a subprocess pinned to one thread, in the same
-invocation: after ours, or with ``--side-by-side`` at the same time, each engine's process held
-to a core of its own. ``--enumerate`` adds to each stored row the energy of its trained state
+size, samples and wall-clock budget) in a subprocess, in the same invocation: after ours with
+the config's ``threads``, or with ``--side-by-side`` at the same time, each engine's process
+held to a core of its own and one thread; ``--netket-only`` runs just that subprocess beside
+the stored row. netket's trained state is enumerated like ours when its sector is small.
+``--enumerate`` adds to each stored row the energy of its trained state
 summed over the whole sector (``scripts/state_energy.py``: no noise, never below E_exact).
 ``--ablation`` runs the model variants of the Bose-Hubbard ablation instead.
 
@@ -62,12 +64,21 @@ ABLATION = {
         "model.symmetrize": "translations",
     },
 }
-ONE_THREAD_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
-}
+MAX_DIM = 2_000_000  # the largest sector whose trained states are enumerated
+
+
+def thread_env(threads: int) -> dict:
+    """Returns the environment that holds BLAS, OpenMP and XLA to ``threads`` threads."""
+    n = str(threads)
+    multi = "true" if threads > 1 else "false"
+    return {
+        "OMP_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        "OPENBLAS_NUM_THREADS": n,
+        "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={multi} intra_op_parallelism_threads={n}",
+    }
+
+
 NETKET_LR = {"heisenberg": 0.01, "bose_hubbard": 0.01}  # the issue's reference runs
 
 
@@ -78,7 +89,7 @@ def machine() -> str:
     if cpuinfo.exists():
         found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
         name = found.group(1).strip() if found else name
-    return f"{name} ({os.cpu_count()} cores, 1 thread used)"
+    return f"{name} ({os.cpu_count()} cores)"
 
 
 # ---- our side ----------------------------------------------------------------------------
@@ -92,6 +103,8 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
     config = load(config_path, [*sets, f"name={name}", f"output.dir={rows_dir}"])
     summary = run_config(config, overwrite=True, progress=sys.stderr.isatty())
+    import torch  # run_config set its thread count from config.threads
+
     with h5py.File(summary["results_file"], "r") as f:
         energy = f["history/energy"][:]
         seconds = np.cumsum(f["history/seconds_total"][:])
@@ -103,8 +116,10 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
         "model": describe_model(model.to_dict() if hasattr(model, "to_dict") else vars(model)),
         "n_params": summary["n_params"],
         "n_samples": config.sampler.n_samples,
+        "threads": config.threads or torch.get_num_threads(),
         "estimator": ("full sum" if config.sampler.kind == "full_sum" else "Monte Carlo")
-        + (", final ψ translation-averaged" if config.final.symmetrize == "translations" else ""),
+        + (", final ψ translation-averaged" if config.final.symmetrize == "translations" else "")
+        + _averaged(config.optimizer.average_from),
         "n_iter": summary["n_iter"],
         "seconds": summary["seconds"],
         "budget_seconds": config.optimizer.max_seconds,
@@ -118,6 +133,12 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
         "curve_seconds": seconds.tolist(),
         "curve_relative_error": _relative(energy, exact),
     }
+
+
+def _averaged(average_from) -> str:
+    if average_from is None:
+        return ""
+    return f", parameters averaged over the last {1 - average_from:.0%} of the run"
 
 
 def describe_model(model: dict) -> str:
@@ -143,15 +164,20 @@ def _relative(energy, exact) -> list:
 # ---- netket's side ------------------------------------------------------------------------
 
 
-def run_netket(config_path: Path, budget: float | None, exact_energy) -> dict:
-    """Runs netket's ViT on the config's system in a one-thread subprocess; returns its row."""
-    return netket_row(start_netket(config_path, budget, exact_energy))
+def run_netket(config_path: Path, budget: float | None, exact_energy, max_dim=MAX_DIM) -> dict:
+    """Runs netket's ViT on the config's system in a subprocess with the config's thread
+    count; returns its row."""
+    return netket_row(start_netket(config_path, budget, exact_energy, max_dim=max_dim))
 
 
-def start_netket(config_path: Path, budget: float | None, exact_energy, cpu: int | None = None):
-    """Starts the one-thread netket subprocess (pinned to core ``cpu`` if given); see
-    `netket_row` for its result."""
+def start_netket(
+    config_path: Path, budget: float | None, exact_energy, cpu: int | None = None, max_dim=MAX_DIM
+):
+    """Starts the netket subprocess: with the config's ``threads`` (default 1), or pinned to
+    core ``cpu`` with one thread if given; see `netket_row` for its result. Its trained state
+    is enumerated when its sector has at most ``max_dim`` states."""
     data = yaml.safe_load(config_path.read_text())
+    threads = 1 if cpu is not None else int(data.get("threads") or 1)
     model, sampler, opt = data["model"], data.get("sampler", {}), data["optimizer"]
     kind = data["hamiltonian"]["kind"]
     spec = {
@@ -169,9 +195,11 @@ def start_netket(config_path: Path, budget: float | None, exact_energy, cpu: int
             "diag_shift": opt.get("diag_shift", 1e-3),
             "final_n_samples": data.get("final", {}).get("n_samples", 8192),
             "exact_energy": exact_energy,
+            "enumerate_max_dim": max_dim,
         },
+        "threads": threads,
     }
-    env = {**os.environ, **ONE_THREAD_ENV}
+    env = {**os.environ, **thread_env(threads)}
     process = subprocess.Popen(
         [sys.executable, __file__, "--netket-worker", json.dumps(spec)],
         env=env,
@@ -201,6 +229,7 @@ def netket_row(started) -> dict:
         f" h{spec['options']['heads']} p{spec['options']['patch_size']}",
         "n_params": result["n_params"],
         "n_samples": spec["options"]["n_samples"],
+        "threads": spec["threads"],
         "estimator": "Monte Carlo",
         "n_iter": n_done,
         "seconds": result["seconds_setup"]
@@ -211,6 +240,8 @@ def netket_row(started) -> dict:
         "energy_error": result["energy_error"],
         "exact_energy": exact_energy,
         "relative_error": result["relative_error"],
+        "enumerated_energy": result.get("enumerated_energy"),
+        "enumerated_relative_error": result.get("enumerated_relative_error"),
         "v_score": result["v_score"],
         "n_sites": None,
         # per-step times are not returned: compile time on the first step, then the median
@@ -220,14 +251,14 @@ def netket_row(started) -> dict:
 
 
 def _netket_worker(spec_json: str) -> None:
-    """Runs in the one-thread subprocess: prints netket_peer's result as one JSON line."""
+    """Runs in the netket subprocess: prints netket_peer's result as one JSON line."""
     sys.path.insert(0, str(REPO / "scripts"))
     import torch
 
-    torch.set_num_threads(1)
+    spec = json.loads(spec_json)
+    torch.set_num_threads(spec["threads"])
     from netket_peer import run_netket_vit
 
-    spec = json.loads(spec_json)
     print(json.dumps(run_netket_vit(spec["system"], **spec["options"])))
 
 
@@ -254,6 +285,7 @@ def _row_cells(row: dict, label: str) -> list[str]:
         str(row["n_samples"]),
         str(row["n_iter"]),
         f"{row['seconds']:.0f} ({_fmt(row['budget_seconds'], '.0f')})",
+        str(row.get("threads", 1)),  # rows stored before the column: one thread
         energy,
         exact,
         _fmt(row["relative_error"], ".2e"),
@@ -271,6 +303,7 @@ HEADER = [
     "samples",
     "iters",
     "wall s (budget)",
+    "threads",
     "E/N ± err",
     "E_exact/N",
     "rel. error",
@@ -355,7 +388,7 @@ def write_report(output: Path, rows_dir: Path) -> None:
     if accuracy:
         text = replace_block(text, "accuracy-table", render_table(accuracy, "system"))
         plot_curves(
-            accuracy, output.parent / "accuracy_vs_time.png", "vitqs vs netket, one core each"
+            accuracy, output.parent / "accuracy_vs_time.png", "vitqs vs netket, same wall time"
         )
     if ablation:
         text = replace_block(text, "ablation-table", render_table(ablation, "label"))
@@ -381,18 +414,33 @@ def _run_systems(args, rows_dir: Path) -> None:
     for system in args.systems:
         path = CONFIG_DIR / f"{system}.yaml"
         overrides = {} if args.budget is None else {"optimizer.max_seconds": args.budget}
-        if args.with_netket and args.side_by_side:
-            row = _side_by_side(path, overrides, system, rows_dir, args.budget)
+        peer = (run_netket, path, args.budget)
+        if args.netket_only:
+            row = _stored_row(rows_dir, system)
+            _add_peer(row, system, *peer, row["exact_energy"], args.max_dim)
+        elif args.with_netket and args.side_by_side:
+            row = _side_by_side(path, overrides, system, rows_dir, args.budget, args.max_dim)
         else:
             earlier = _earlier_peers(rows_dir, system) if args.keep_peers else None
             row = run_vitqs(path, overrides, system, rows_dir)
             if args.with_netket:
-                _add_peer(row, system, run_netket, path, args.budget, row["exact_energy"])
+                _add_peer(row, system, *peer, row["exact_energy"], args.max_dim)
             elif earlier:
                 row["peers"] = earlier
         row["order"] = SYSTEMS.index(system) if system in SYSTEMS else len(SYSTEMS)
         _store(rows_dir, "accuracy", system, row)
         print(_summary_line(system, row), flush=True)
+
+
+def _stored_row(rows_dir: Path, system: str) -> dict:
+    """Returns ``system``'s stored vitqs row, without its peers (SystemExit if none)."""
+    path = rows_dir / f"accuracy__{system}.json"
+    if not path.exists():
+        raise SystemExit(f"--netket-only: no stored row for {system} in {rows_dir}")
+    row = json.loads(path.read_text())
+    for key in ("peers", "peer_failure", "side_by_side"):
+        row.pop(key, None)
+    return row
 
 
 def _earlier_peers(rows_dir: Path, system: str) -> list[dict] | None:
@@ -413,8 +461,11 @@ def _earlier_peers(rows_dir: Path, system: str) -> list[dict] | None:
 EARLIER = ", from an earlier invocation"
 
 
-def _side_by_side(path: Path, overrides: dict, system: str, rows_dir: Path, budget) -> dict:
-    """Runs netket and vitqs at the same time, each process on a core of its own."""
+def _side_by_side(
+    path: Path, overrides: dict, system: str, rows_dir: Path, budget, max_dim=MAX_DIM
+) -> dict:
+    """Runs netket and vitqs at the same time, each process on a core of its own with one
+    thread (whatever the config's ``threads``)."""
     from vitqs.config import load
     from vitqs.run import exact_ground_state
 
@@ -423,10 +474,10 @@ def _side_by_side(path: Path, overrides: dict, system: str, rows_dir: Path, budg
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("--side-by-side needs two cores (one per engine)")
-    started = start_netket(path, budget, exact_energy, cpu=cores[1])
+    started = start_netket(path, budget, exact_energy, cpu=cores[1], max_dim=max_dim)
     os.sched_setaffinity(0, {cores[0]})
     try:
-        row = run_vitqs(path, overrides, system, rows_dir)
+        row = run_vitqs(path, {**overrides, "threads": 1}, system, rows_dir)
     finally:
         os.sched_setaffinity(0, set(cores))
     _add_peer(row, system, netket_row, started)
@@ -518,6 +569,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="without --with-netket: keep the netket rows stored for each system (marked as "
         "from an earlier invocation) instead of dropping them",
     )
+    parser.add_argument(
+        "--netket-only",
+        action="store_true",
+        help="run only netket's peer of each system (with the config's threads), beside the "
+        "vitqs row stored for it",
+    )
     parser.add_argument("--ablation", action="store_true", help="the Bose-Hubbard model ablation")
     parser.add_argument("--ablation-base", default=ABLATION_BASE, metavar="NAME")
     parser.add_argument("--ablation-label", default=None, help="system name in the table")
@@ -531,7 +588,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="add the enumerated energy of every stored row's final state (small sectors)",
     )
-    parser.add_argument("--max-dim", type=int, default=2_000_000, help="largest sector to sum")
+    parser.add_argument("--max-dim", type=int, default=MAX_DIM, help="largest sector to sum")
     return parser.parse_args(argv)
 
 
@@ -544,6 +601,11 @@ def main(argv=None) -> int:
     unknown = [s for s in args.systems if not (CONFIG_DIR / f"{s}.yaml").exists()]
     if unknown:
         raise SystemExit(f"no config for {unknown} in {CONFIG_DIR}")
+    if args.netket_only and (args.ablation or args.with_netket or args.keep_peers):
+        raise SystemExit(
+            "--netket-only runs netket beside the stored rows of --systems; it does not "
+            "combine with --ablation, --with-netket or --keep-peers"
+        )
     if not args.report_only:
         if args.ablation:
             _run_ablation(args, args.rows_dir)

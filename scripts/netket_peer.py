@@ -407,6 +407,7 @@ def run_netket_vit(
     chunk_size=None,
     seed=0,
     exact_energy=None,
+    enumerate_max_dim=None,
 ) -> dict:
     """Returns netket's ViT ground-state run on ``system`` as a JSON-ready dict, in our units.
 
@@ -420,7 +421,9 @@ def run_netket_vit(
     ``seconds_final_estimate, energy_history, energy_error_history, variance_history, energy,
     energy_error, variance, v_score`` (``N Var/E²``), ``relative_error`` (None without
     ``exact_energy``, given in our units), ``method_used, sampler_used, acceptance`` (None for
-    a full sum), ``n_samples, energy_factor``.
+    a full sum), ``n_samples, energy_factor``; with ``enumerate_max_dim``, also
+    ``enumerated_energy`` (the trained state's energy summed over its whole sector, our units;
+    None above that many states), ``enumerated_relative_error`` and ``seconds_enumerate``.
     """
     start = time.perf_counter()
     parts = make_driver(
@@ -449,6 +452,11 @@ def run_netket_vit(
         vstate.n_samples = final_n_samples
     energy, error, variance = _stats_in_our_units(vstate.expect(parts["hamiltonian"]), factor)
     seconds_final = time.perf_counter() - start
+    start = time.perf_counter()
+    enumerated = None
+    if enumerate_max_dim is not None:
+        enumerated = enumerated_energy(vstate, parts["hamiltonian"], factor, enumerate_max_dim)
+    seconds_enumerate = time.perf_counter() - start
     return {
         "n_params": int(vstate.n_parameters),
         "n_iter_done": len(step_seconds),
@@ -462,15 +470,44 @@ def run_netket_vit(
         "energy_error": error,
         "variance": variance,
         "v_score": parts["n_sites"] * variance / energy**2 if energy != 0 else None,
-        "relative_error": (
-            None if exact_energy is None else abs(energy - exact_energy) / abs(exact_energy)
-        ),
+        "relative_error": _relative_error(energy, exact_energy),
         "method_used": parts["method_used"],
         "sampler_used": parts["sampler_used"],
         "acceptance": _acceptance(vstate),
         "n_samples": None if full_sum else int(vstate.n_samples),
         "energy_factor": factor,
+        "enumerated_energy": enumerated,
+        "enumerated_relative_error": _relative_error(enumerated, exact_energy),
+        "seconds_enumerate": seconds_enumerate,
     }
+
+
+def _relative_error(energy, exact_energy):
+    if energy is None or exact_energy is None:
+        return None
+    return abs(energy - exact_energy) / abs(exact_energy)
+
+
+def enumerated_energy(vstate, hamiltonian, factor: float, max_dim: int, chunk: int = 8192):
+    """Returns ⟨ψ|H|ψ⟩/⟨ψ|ψ⟩ of ``vstate``'s ψ summed over every state of its sector, in our
+    units (× ``factor``), or None when the sector has more than ``max_dim`` states.
+
+    The noise-free counterpart of the Monte Carlo estimate, the figure our own rows report
+    as "enumerated" (``scripts/state_energy.py``), so the two engines compare without noise.
+    """
+    hilbert = vstate.hilbert
+    if not hilbert.is_indexable or hilbert.n_states > max_dim:
+        return None
+    states = np.asarray(hilbert.all_states())
+    # equal chunks (the last one padded) so that log_value compiles once
+    n_chunks = -(-len(states) // chunk)
+    padded = np.concatenate([states, np.repeat(states[:1], n_chunks * chunk - len(states), 0)])
+    log_psi = np.concatenate(
+        [np.asarray(vstate.log_value(padded[i * chunk : (i + 1) * chunk])) for i in range(n_chunks)]
+    )[: len(states)]
+    psi = np.exp(log_psi - log_psi.real.max())  # the largest amplitude is 1: no overflow
+    h_psi = hamiltonian.to_sparse() @ psi
+    return factor * float(np.vdot(psi, h_psi).real / np.vdot(psi, psi).real)
 
 
 def _optimize(driver, factor, n_iter, budget_seconds):

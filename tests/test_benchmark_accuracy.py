@@ -103,3 +103,51 @@ def test_kept_peers_come_back_marked_as_from_an_earlier_invocation(tmp_path):
     bench._store(rows_dir, "accuracy", "tiny", {**_row("vitqs", 1e-3), "peers": peers})
     assert bench._earlier_peers(rows_dir, "tiny")[0]["estimator"].count(bench.EARLIER) == 1
     assert bench._earlier_peers(rows_dir, "nobody") is None
+
+
+def test_thread_env_holds_blas_openmp_and_xla_to_the_count():
+    bench = _script("benchmark_accuracy")
+    one, two = bench.thread_env(1), bench.thread_env(2)
+    assert one["OMP_NUM_THREADS"] == one["MKL_NUM_THREADS"] == "1"
+    assert "multi_thread_eigen=false" in one["XLA_FLAGS"]
+    assert two["OPENBLAS_NUM_THREADS"] == "2"
+    assert "multi_thread_eigen=true intra_op_parallelism_threads=2" in two["XLA_FLAGS"]
+
+
+def test_netket_only_refuses_the_modes_it_does_not_combine_with():
+    bench = _script("benchmark_accuracy")
+    for extra in ("--with-netket", "--keep-peers", "--ablation"):
+        with pytest.raises(SystemExit, match="--netket-only"):
+            bench.main(["--systems", "heisenberg_chain16", "--netket-only", extra])
+
+
+@pytest.mark.netket
+def test_netket_only_attaches_an_enumerated_peer_with_the_configs_threads(tmp_path, monkeypatch):
+    pytest.importorskip("netket")
+    bench = _script("benchmark_accuracy")
+    config_dir = tmp_path / "configs"
+    config_dir.mkdir()
+    data = tiny_heisenberg(tmp_path / "unused", threads=2)
+    (config_dir / "tiny.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(bench, "CONFIG_DIR", config_dir)
+    rows_dir = tmp_path / "rows"
+    overrides = {"threads": 1, "optimizer.average_from": 0.5}
+    ours = bench.run_vitqs(config_dir / "tiny.yaml", overrides, "tiny", rows_dir)
+    assert ours["threads"] == 1  # the override, not the config's 2
+    assert ours["estimator"].endswith(", parameters averaged over the last 50% of the run")
+    bench._store(rows_dir, "accuracy", "tiny", {**ours, "peer_failure": "an earlier one"})
+    args = ["--systems", "tiny", "--netket-only", "--rows-dir", str(rows_dir)]
+    assert bench.main([*args, "--output", str(tmp_path / "accuracy.md")]) == 0
+
+    stored = json.loads((rows_dir / "accuracy__tiny.json").read_text())
+    assert "peer_failure" not in stored
+    assert stored["relative_error"] == ours["relative_error"]  # our row is not re-run
+    (peer,) = stored["peers"]
+    assert peer["engine"] == "netket" and peer["threads"] == 2
+    # netket's trained state summed over the 20 states of the sector: variational
+    assert peer["enumerated_energy"] >= ours["exact_energy"] - 1e-9
+    assert peer["enumerated_relative_error"] == pytest.approx(
+        (peer["enumerated_energy"] - ours["exact_energy"]) / abs(ours["exact_energy"])
+    )
+    table = (tmp_path / "accuracy.md").read_text()
+    assert f"| {peer['enumerated_relative_error']:.2e} |" in table

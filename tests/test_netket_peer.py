@@ -132,3 +132,18 @@ def test_run_netket_vit_tiny_chain_returns_finite_numbers_above_the_ground_energ
     # variational: the estimate may undershoot E0 only by its statistical error
     assert result["energy"] > exact - 5 * result["energy_error"] - 1e-9
     assert result["relative_error"] == pytest.approx(abs(result["energy"] - exact) / abs(exact))
+
+
+def test_enumerated_energy_of_a_full_sum_state_is_its_exact_expectation(peer):
+    # netket's FullSumState computes ⟨H⟩ exactly: the independent path to our enumeration
+    system = _system([8], kind="heisenberg", J1=1.0, sign_rule=True)
+    exact = ground_state(_ours(system)).energy
+    options = {"d_model": 8, "heads": 2, "layers": 1, "patch_size": 2, "n_iter": 3}
+    result = peer.run_netket_vit(
+        system, **options, full_sum=True, exact_energy=exact, enumerate_max_dim=70
+    )
+    assert result["enumerated_energy"] == pytest.approx(result["energy"], rel=1e-10)
+    assert result["enumerated_relative_error"] == pytest.approx(result["relative_error"])
+    assert result["enumerated_energy"] > exact
+    smaller = peer.run_netket_vit(system, **options, full_sum=True, enumerate_max_dim=69)
+    assert smaller["enumerated_energy"] is None and smaller["enumerated_relative_error"] is None
