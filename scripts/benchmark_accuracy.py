@@ -613,7 +613,7 @@ def main(argv=None) -> int:
             _run_systems(args, args.rows_dir)
     if args.enumerate:
         table = "ablation" if args.ablation else "accuracy"
-        systems = None if args.report_only or args.ablation else set(args.systems)
+        systems = None if args.ablation else set(args.systems)  # default: every system
         enumerate_rows(args.rows_dir, table, args.max_dim, systems)
     write_report(args.output, args.rows_dir)
     print(args.output)
