@@ -97,14 +97,14 @@ def machine() -> str:
 
 def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> dict:
     """Runs one config with overrides; returns the table row and the error-vs-time curve."""
+    import torch  # run_config sets its thread count from config.threads
+
     from vitqs.config import load
     from vitqs.run import run_config
 
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
     config = load(config_path, [*sets, f"name={name}", f"output.dir={rows_dir}"])
     summary = run_config(config, overwrite=True, progress=sys.stderr.isatty())
-    import torch  # run_config set its thread count from config.threads
-
     with h5py.File(summary["results_file"], "r") as f:
         energy = f["history/energy"][:]
         seconds = np.cumsum(f["history/seconds_total"][:])
@@ -406,8 +406,18 @@ def _write_atomic(path: Path, text: str) -> None:
     write_text_atomic(path, text)
 
 
+def _row_file(rows_dir: Path, table: str, key: str) -> Path:
+    return rows_dir / f"{table}__{key}.json"
+
+
 def _store(rows_dir: Path, table: str, key: str, row: dict) -> None:
-    _write_atomic(rows_dir / f"{table}__{key}.json", json.dumps(row))
+    _write_atomic(_row_file(rows_dir, table, key), json.dumps(row))
+
+
+def _load_row(rows_dir: Path, system: str) -> dict | None:
+    """Returns ``system``'s stored accuracy row, or None if there is none."""
+    path = _row_file(rows_dir, "accuracy", system)
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _run_systems(args, rows_dir: Path) -> None:
@@ -434,10 +444,9 @@ def _run_systems(args, rows_dir: Path) -> None:
 
 def _stored_row(rows_dir: Path, system: str) -> dict:
     """Returns ``system``'s stored vitqs row, without its peers (SystemExit if none)."""
-    path = rows_dir / f"accuracy__{system}.json"
-    if not path.exists():
+    row = _load_row(rows_dir, system)
+    if row is None:
         raise SystemExit(f"--netket-only: no stored row for {system} in {rows_dir}")
-    row = json.loads(path.read_text())
     for key in ("peers", "peer_failure", "side_by_side"):
         row.pop(key, None)
     return row
@@ -446,10 +455,7 @@ def _stored_row(rows_dir: Path, system: str) -> dict:
 def _earlier_peers(rows_dir: Path, system: str) -> list[dict] | None:
     """Returns the netket rows stored beside ``system``'s last row, each marked as coming
     from that earlier invocation (its estimator cell says so), or None."""
-    path = rows_dir / f"accuracy__{system}.json"
-    if not path.exists():
-        return None
-    peers = json.loads(path.read_text()).get("peers")
+    peers = (_load_row(rows_dir, system) or {}).get("peers")
     if not peers:
         return None
     for peer in peers:
