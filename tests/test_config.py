@@ -119,6 +119,17 @@ BAD = {
         "sampler.late_fraction",
     ),
     "final_symmetrize": (lambda d: d.update(final={"symmetrize": "all"}), "final.symmetrize"),
+    "clip_zero": (
+        lambda d: d["optimizer"].update(clip_local_energy=0),
+        "optimizer.clip_local_energy",
+    ),
+    "clip_full_sum": (
+        lambda d: (
+            d["optimizer"].update(clip_local_energy=5),
+            d["sampler"].update(kind="full_sum"),
+        ),
+        "optimizer.clip_local_energy=5.0 needs sampler.kind=metropolis",
+    ),
     # a positive ψ for a Hamiltonian with a sign structure: J2 > 0 frustrates the sign rule
     "positive_frustrated": (
         lambda d: (d["model"].update(positive=True), d["hamiltonian"].update(J2=0.5)),

@@ -14,6 +14,7 @@ from vitqs.sampler import ExactSampler
 from vitqs.sr import (
     Adam,
     Schedule,
+    clip_local_energy,
     energy_gradient,
     force,
     log_derivatives,
@@ -240,6 +241,30 @@ def test_singular_matrix_falls_back_to_a_pseudo_inverse():
     solution = solve_shifted(A, b, diag_shift=0.0)
     assert torch.isfinite(solution).all()
     torch.testing.assert_close(solution, torch.linalg.pinv(A) @ b, rtol=1e-6, atol=1e-8)
+
+
+def test_clipping_moves_only_the_outliers_onto_the_limit():
+    gen = torch.Generator().manual_seed(3)
+    e_loc = torch.randn(512, generator=gen, dtype=torch.float64)
+    e_loc[7], e_loc[100] = 80.0, -40.0
+    centre = e_loc.mean()
+    limit = 4.0 * (e_loc - centre).abs().mean()  # of the uncut values
+    clipped = clip_local_energy(e_loc, 4.0)
+    outside = (e_loc - centre).abs() > limit
+    assert clipped.dtype == torch.float64 and set(outside.nonzero().flatten().tolist()) >= {7, 100}
+    assert torch.equal(clipped[~outside], e_loc[~outside])  # bit for bit
+    torch.testing.assert_close(clipped[7], centre + limit, rtol=0, atol=1e-12)
+    torch.testing.assert_close(clipped[100], centre - limit, rtol=0, atol=1e-12)
+    # complex: the deviation keeps its phase and is cut to the limit in modulus
+    z = torch.randn(512, generator=gen, dtype=torch.complex128)
+    z[5] = 30 + 40j
+    cut = clip_local_energy(z, 4.0)
+    deviation, before = cut[5] - z.mean(), z[5] - z.mean()
+    torch.testing.assert_close(deviation.abs(), 4.0 * (z - z.mean()).abs().mean())
+    torch.testing.assert_close(deviation / deviation.abs(), before / before.abs())
+    # at an eigenstate every local energy is the same: nothing to cut
+    flat = torch.full((16,), -2.5, dtype=torch.float64)
+    assert torch.equal(clip_local_energy(flat, 0.1), flat)
 
 
 def test_unknown_method_raises():

@@ -208,6 +208,29 @@ def test_parameters_are_averaged_over_the_late_steps_and_kept_in_checkpoints():
 
 
 @pytest.mark.usefixtures("single_thread")
+def test_clipping_changes_the_step_but_not_the_measured_energy():
+    hamiltonian = Heisenberg(Lattice((6,)))
+
+    def one_step(clip):
+        model = ComplexRBM(6, seed=4)
+        sampler = MetropolisSampler(hamiltonian, n_samples=128, n_chains=16, seed=5)
+        settings = OptimizerSettings(lr=0.05, n_iter=1, clip_local_energy=clip)
+        result = VMC(hamiltonian, model, sampler, settings).step()
+        return result.energy, parameter_vector(model)
+
+    plain_energy, plain = one_step(None)
+    loose_energy, loose = one_step(1e6)  # a limit no sample reaches
+    cut_energy, cut = one_step(0.5)  # most samples lie beyond half a mean deviation
+    assert torch.equal(loose, plain)
+    assert float((cut - plain).norm()) > 1e-6 * float(plain.norm())
+    # the energy and its error bar come from the uncut local energies
+    assert cut_energy.mean == loose_energy.mean == plain_energy.mean
+    assert cut_energy.error_of_mean == plain_energy.error_of_mean
+    with pytest.raises(ValueError, match="optimizer.clip_local_energy"):
+        OptimizerSettings(clip_local_energy=-1.0)
+
+
+@pytest.mark.usefixtures("single_thread")
 def test_final_estimate_uses_the_requested_samples():
     hamiltonian = Heisenberg(Lattice((6,)))
     model = ComplexRBM(6, seed=10)

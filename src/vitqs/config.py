@@ -243,6 +243,9 @@ class OptimizerConfig:
     # the final state is the mean of the parameters measured after this fraction of the run
     # (of n_iter or of max_seconds): Polyak averaging of SR's noisy iterates (null: off)
     average_from: float | None = option(None, optional(real(minimum=0.0, maximum=1.0)))
+    # cut the local energies fed to the SR force to this many mean absolute deviations
+    # from their mean: rare outliers stop steering the step (Monte Carlo only; null: off)
+    clip_local_energy: float | None = option(None, optional(real(positive=True)))
 
 
 @dataclass
@@ -400,6 +403,12 @@ def _check_consistency(config: Config) -> None:
             )
     _check_positive(config.model, ham)
     _check_schedules(config.optimizer)
+    if config.optimizer.clip_local_energy is not None and config.sampler.kind != "metropolis":
+        raise ConfigError(
+            f"optimizer.clip_local_energy={config.optimizer.clip_local_energy} needs "
+            f"sampler.kind=metropolis, not {config.sampler.kind!r}: a full sum's gradient "
+            "is exact and has no outliers to cut"
+        )
     late, chains = config.sampler.n_samples_late, config.sampler.n_chains
     if late is not None and late % chains:
         raise ConfigError(

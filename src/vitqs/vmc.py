@@ -26,6 +26,7 @@ from vitqs.sr import (
     SCHEDULES,
     Adam,
     Schedule,
+    clip_local_energy,
     energy_gradient,
     log_derivatives,
     natural_gradient,
@@ -67,6 +68,9 @@ class OptimizerSettings:
             which the measured parameters are averaged (None: off); `averaged_parameters`
             gives the mean. At a constant lr, SR's noise keeps θ diffusing around the optimum
             it has reached; the mean of the iterates sits closer to it than any one of them.
+        clip_local_energy: for the SR force only, cut local energies to this many mean
+            absolute deviations from their mean (`clip_local_energy`; None: off). Monte
+            Carlo only: a full sum's gradient is exact.
         max_retries: consecutive non-finite retries before the run stops.
     """
 
@@ -79,6 +83,7 @@ class OptimizerSettings:
     diag_shift_schedule: str = "constant"
     n_iter: int = 200
     average_from: float | None = None
+    clip_local_energy: float | None = None
     max_retries: int = 5
 
     def __post_init__(self):
@@ -97,6 +102,10 @@ class OptimizerSettings:
         if self.average_from is not None and not 0 <= self.average_from <= 1:
             raise ValueError(
                 f"optimizer.average_from={self.average_from} must be between 0 and 1 (or null)"
+            )
+        if self.clip_local_energy is not None and not self.clip_local_energy > 0:
+            raise ValueError(
+                f"optimizer.clip_local_energy={self.clip_local_energy} must be > 0 (or null)"
             )
         if self.n_iter < 1 or self.max_retries < 0:
             raise ValueError(
@@ -247,6 +256,9 @@ class VMC:
         timings["jacobian"] = _lap(start)
         start = time.perf_counter()
         weights = None if samples.weights is None else samples.weights.reshape(-1)
+        width = self.settings.clip_local_energy
+        if width is not None and weights is None:
+            e_loc = clip_local_energy(e_loc, width)
         if self.adam is None:
             update = natural_gradient(
                 jac,
