@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 nk = pytest.importorskip("netket")
+jax = pytest.importorskip("jax")
 
 from vitqs.exact import ground_state  # noqa: E402
 from vitqs.lattice import Lattice  # noqa: E402
@@ -147,3 +148,46 @@ def test_enumerated_energy_of_a_full_sum_state_is_its_exact_expectation(peer):
     assert result["enumerated_energy"] > exact
     smaller = peer.run_netket_vit(system, **options, full_sum=True, enumerate_max_dim=69)
     assert smaller["enumerated_energy"] is None and smaller["enumerated_relative_error"] is None
+
+
+@pytest.mark.parametrize("n_max", [4, 2])
+def test_fock_sector_listing_and_matrix_are_netkets_own(peer, n_max):
+    # where netket can index the sector itself, the listing and H built from get_conn agree
+    hilbert = nk.hilbert.Fock(n_max=n_max, N=5, n_particles=4)
+    hamiltonian = nk.operator.BoseHubbard(hilbert, nk.graph.Chain(5), U=2.5, J=1.0, mu=0.3)
+    states = peer.fock_sector_states(5, 4, n_max)
+    assert peer.fock_sector_size(5, 4, n_max) == hilbert.n_states == len(states)
+    np.testing.assert_array_equal(states, hilbert.all_states())  # same order too
+    ours = peer.sparse_on(hamiltonian, states, n_max + 1, chunk=7)  # several chunks
+    np.testing.assert_array_equal(ours.toarray(), hamiltonian.to_sparse().toarray())
+    # the L = N = 12 benchmark sector, by an independent count (our ED's 1,352,078 states)
+    assert peer.fock_sector_size(12, 12, 12) == 1_352_078
+
+
+def test_enumerated_energy_on_a_sector_netket_cannot_index(peer):
+    # like the L = N = 12 benchmark chain (no occupation cutoff), netket indexes this sector
+    # through its 11^10 unconstrained states and so cannot list it; it has 92,378 states.
+    # ⟨H⟩ must equal Σ|ψ|² E_loc over the listing, with E_loc taken from log ψ on the
+    # connected states directly (no index lookup)
+    hilbert = nk.hilbert.Fock(n_max=10, N=10, n_particles=10)
+    assert not hilbert.is_indexable
+    chain = nk.graph.Chain(10)
+    hamiltonian = nk.operator.BoseHubbard(hilbert, chain, U=3.0, J=1.0)
+    vstate = nk.vqs.MCState(
+        nk.sampler.MetropolisExchange(hilbert, graph=chain),
+        nk.models.Jastrow(param_dtype=float),
+        n_samples=16,
+        seed=1,
+    )
+    vstate.parameters = jax.tree_util.tree_map(lambda p: p - 0.05, vstate.parameters)
+    states = peer.fock_sector_states(10, 10, 10)
+    x_conn, mels = hamiltonian.get_conn_padded(states)
+    log_psi = np.asarray(vstate.log_value(states))
+    log_conn = np.asarray(vstate.log_value(x_conn.reshape(-1, 10))).reshape(mels.shape)
+    e_loc = (mels * np.exp(log_conn - log_psi[:, None])).sum(axis=1)
+    weight = np.exp(2 * (log_psi - log_psi.max()).real)
+    expected = float((weight * e_loc).sum().real / weight.sum())
+    assert len(states) == 92_378
+    energy = peer.enumerated_energy(vstate, hamiltonian, 1.0, 92_378)
+    assert energy == pytest.approx(expected, rel=1e-12)
+    assert peer.enumerated_energy(vstate, hamiltonian, 1.0, 92_377) is None

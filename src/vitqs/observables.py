@@ -197,8 +197,13 @@ def _one_body_values(model, x, log_psi, n_max, chunk_size) -> torch.Tensor:
 
 
 def condensate_fraction(one_body_density_matrix: np.ndarray, n_particles: int) -> float:
-    """Returns the largest eigenvalue of ``⟨b_i† b_j⟩`` divided by the particle number."""
+    """Returns the largest eigenvalue of ``⟨b_i† b_j⟩`` divided by the particle number, NaN
+    when the estimate is not finite."""
     rho = np.asarray(one_body_density_matrix)
+    if not np.isfinite(rho).all():
+        # amplitude ratios overflow when ψ has collapsed onto configurations it weighs e^700
+        # times their neighbours: no estimate, but no reason to lose the run's results
+        return float("nan")
     rho = (rho + rho.conj().T) / 2  # Hermitian part; the sample estimate is Hermitian on average
     return float(np.linalg.eigvalsh(rho)[-1] / n_particles)
 
