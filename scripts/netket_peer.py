@@ -514,8 +514,8 @@ def _sector(hilbert, hamiltonian, max_dim: int):
     """Returns ``(states, sparse H)`` of the sector, or None when it has more than ``max_dim``
     states. netket indexes a Fock space through the space without the particle-number
     constraint ((n_max + 1)^N states: 13^12 for the L = N = 12 chain), so it cannot list the
-    1.35M states of that sector itself; they are listed here and H is built from its
-    ``get_conn_padded`` on them."""
+    1.35M states of that sector itself; vitqs' `Bosons` lists and indexes them, and H is
+    built from netket's ``get_conn_padded`` on them."""
     if hilbert.is_indexable:
         if hilbert.n_states > max_dim:
             return None
@@ -523,55 +523,29 @@ def _sector(hilbert, hamiltonian, max_dim: int):
     n_particles = getattr(hilbert, "n_particles", None)
     if not isinstance(hilbert, nk.hilbert.Fock) or n_particles is None:
         return None
-    if fock_sector_size(hilbert.size, n_particles, hilbert.n_max) > max_dim:
+    from vitqs.hilbert import Bosons
+
+    sector = Bosons(hilbert.size, n_particles, hilbert.n_max)
+    if sector.dimension > max_dim:
         return None
-    states = fock_sector_states(hilbert.size, n_particles, hilbert.n_max)
-    return states, sparse_on(hamiltonian, states, hilbert.n_max + 1)
+    states = sector.all_states()
+    return states, sparse_on(hamiltonian, states, sector.state_index)
 
 
-def fock_sector_size(n_sites: int, n_particles: int, n_max: int) -> int:
-    """Number of occupations of ``n_sites`` sites by ``n_particles`` bosons, each ≤ ``n_max``."""
-    ways = [1] + [0] * n_particles  # ways[r]: r bosons on the sites so far (none yet)
-    for _ in range(n_sites):
-        ways = [sum(ways[r - n] for n in range(min(r, n_max) + 1)) for r in range(n_particles + 1)]
-    return ways[n_particles]
-
-
-def fock_sector_states(n_sites: int, n_particles: int, n_max: int) -> np.ndarray:
-    """Returns every such occupation ``(count, n_sites)`` int8, in netket's (lexicographic)
-    order: built site by site, each partial state followed by its occupations in turn."""
-    partial = np.zeros((1, 0), dtype=np.int8)
-    left = np.array([n_particles])  # bosons still to place, per partial state
-    for site in range(n_sites - 1):
-        low = np.maximum(left - n_max * (n_sites - site - 1), 0)  # the rest must still fit
-        high = np.minimum(left, n_max)
-        counts = high - low + 1
-        parent = np.repeat(np.arange(len(left)), counts)
-        first_child = np.repeat(np.cumsum(counts) - counts, counts)
-        n = low[parent] + np.arange(len(parent)) - first_child
-        partial = np.concatenate([partial[parent], n[:, None].astype(np.int8)], axis=1)
-        left = left[parent] - n
-    return np.concatenate([partial, left[:, None].astype(np.int8)], axis=1)
-
-
-def sparse_on(hamiltonian, states: np.ndarray, base: int, chunk: int = 65536):
-    """Returns H restricted to ``states`` (sorted lexicographically, local values below
-    ``base``) as a scipy CSR matrix, from ``hamiltonian.get_conn_padded``."""
+def sparse_on(hamiltonian, states: np.ndarray, index_of, chunk: int = 65536):
+    """Returns H restricted to ``states`` as a scipy CSR matrix, from netket's
+    ``get_conn_padded``; ``index_of(configurations)`` gives their rows in ``states`` (and
+    raises for a configuration outside them)."""
     from scipy import sparse
 
-    place = base ** np.arange(states.shape[1] - 1, -1, -1, dtype=np.int64)
-    keys = states.astype(np.int64) @ place  # ascending: the states are sorted
     rows, cols, values = [], [], []
     for start in range(0, len(states), chunk):
         x_conn, mels = hamiltonian.get_conn_padded(states[start : start + chunk])
-        conn_keys = np.asarray(x_conn).astype(np.int64) @ place
-        index = np.minimum(np.searchsorted(keys, conn_keys), len(keys) - 1)
-        kept = np.asarray(mels) != 0  # the padding has zero matrix elements
-        if not np.array_equal(keys[index[kept]], conn_keys[kept]):
-            raise ValueError("H connects a state of the sector to one outside it")
+        mels = np.asarray(mels)
+        kept = mels != 0  # the padding has zero matrix elements
         rows.append(np.nonzero(kept)[0] + start)
-        cols.append(index[kept])
-        values.append(np.asarray(mels)[kept])
+        cols.append(np.asarray(index_of(np.asarray(x_conn)[kept])))
+        values.append(mels[kept])
     n = len(states)
     return sparse.csr_matrix(
         (np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n)

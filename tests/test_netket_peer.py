@@ -18,6 +18,7 @@ nk = pytest.importorskip("netket")
 jax = pytest.importorskip("jax")
 
 from vitqs.exact import ground_state  # noqa: E402
+from vitqs.hilbert import Bosons  # noqa: E402
 from vitqs.lattice import Lattice  # noqa: E402
 from vitqs.operators import BoseHubbard, Heisenberg  # noqa: E402
 
@@ -152,16 +153,24 @@ def test_enumerated_energy_of_a_full_sum_state_is_its_exact_expectation(peer):
 
 @pytest.mark.parametrize("n_max", [4, 2])
 def test_fock_sector_listing_and_matrix_are_netkets_own(peer, n_max):
-    # where netket can index the sector itself, the listing and H built from get_conn agree
+    # where netket can index the sector itself, our listing holds its states and H built
+    # from get_conn on it is netket's to_sparse, whichever listing and index are used
     hilbert = nk.hilbert.Fock(n_max=n_max, N=5, n_particles=4)
     hamiltonian = nk.operator.BoseHubbard(hilbert, nk.graph.Chain(5), U=2.5, J=1.0, mu=0.3)
-    states = peer.fock_sector_states(5, 4, n_max)
-    assert peer.fock_sector_size(5, 4, n_max) == hilbert.n_states == len(states)
-    np.testing.assert_array_equal(states, hilbert.all_states())  # same order too
-    ours = peer.sparse_on(hamiltonian, states, n_max + 1, chunk=7)  # several chunks
-    np.testing.assert_array_equal(ours.toarray(), hamiltonian.to_sparse().toarray())
-    # the L = N = 12 benchmark sector, by an independent count (our ED's 1,352,078 states)
-    assert peer.fock_sector_size(12, 12, 12) == 1_352_078
+    sector = Bosons(5, 4, n_max)
+    states = sector.all_states()
+    assert sector.dimension == hilbert.n_states == len(states)
+    netkets = np.asarray(hilbert.states_to_numbers(states))  # our order in netket's numbering
+    np.testing.assert_array_equal(np.sort(netkets), np.arange(hilbert.n_states))
+    expected = hamiltonian.to_sparse().toarray()
+    ours = peer.sparse_on(hamiltonian, states, sector.state_index, chunk=7)  # several chunks
+    np.testing.assert_array_equal(ours.toarray(), expected[np.ix_(netkets, netkets)])
+    theirs = peer.sparse_on(
+        hamiltonian, np.asarray(hilbert.all_states()), hilbert.states_to_numbers, chunk=7
+    )
+    np.testing.assert_array_equal(theirs.toarray(), expected)
+    # the L = N = 12 benchmark sector (our ED's 1,352,078 states)
+    assert Bosons(12, 12).dimension == 1_352_078
 
 
 def test_enumerated_energy_on_a_sector_netket_cannot_index(peer):
@@ -180,7 +189,7 @@ def test_enumerated_energy_on_a_sector_netket_cannot_index(peer):
         seed=1,
     )
     vstate.parameters = jax.tree_util.tree_map(lambda p: p - 0.05, vstate.parameters)
-    states = peer.fock_sector_states(10, 10, 10)
+    states = Bosons(10, 10, 10).all_states()
     x_conn, mels = hamiltonian.get_conn_padded(states)
     log_psi = np.asarray(vstate.log_value(states))
     log_conn = np.asarray(vstate.log_value(x_conn.reshape(-1, 10))).reshape(mels.shape)
