@@ -119,6 +119,7 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
         "threads": config.threads or torch.get_num_threads(),
         "estimator": ("full sum" if config.sampler.kind == "full_sum" else "Monte Carlo")
         + (", final ψ translation-averaged" if config.final.symmetrize == "translations" else "")
+        + _annealed(config.optimizer)
         + _averaged(config.optimizer.average_from),
         "n_iter": summary["n_iter"],
         "seconds": summary["seconds"],
@@ -133,6 +134,13 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
         "curve_seconds": seconds.tolist(),
         "curve_relative_error": _relative(energy, exact),
     }
+
+
+def _annealed(optimizer) -> str:
+    if optimizer.anneal_from is None:
+        return ""
+    start = ", ".join(f"{name} = {value:g}" for name, value in optimizer.anneal_from.items())
+    return f", H annealed from {start} over the first {optimizer.anneal_until:.0%} of the run"
 
 
 def _averaged(average_from) -> str:

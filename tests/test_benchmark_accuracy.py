@@ -131,10 +131,18 @@ def test_netket_only_attaches_an_enumerated_peer_with_the_configs_threads(tmp_pa
     (config_dir / "tiny.yaml").write_text(yaml.safe_dump(data))
     monkeypatch.setattr(bench, "CONFIG_DIR", config_dir)
     rows_dir = tmp_path / "rows"
-    overrides = {"threads": 1, "optimizer.average_from": 0.5}
+    overrides = {
+        "threads": 1,
+        "optimizer.average_from": 0.5,
+        "optimizer.anneal_from": {"J1": 2.0},
+        "optimizer.anneal_until": 0.25,
+    }
     ours = bench.run_vitqs(config_dir / "tiny.yaml", overrides, "tiny", rows_dir)
     assert ours["threads"] == 1  # the override, not the config's 2
-    assert ours["estimator"].endswith(", parameters averaged over the last 50% of the run")
+    assert ours["estimator"].endswith(
+        ", H annealed from J1 = 2 over the first 25% of the run"
+        ", parameters averaged over the last 50% of the run"
+    )
     bench._store(rows_dir, "accuracy", "tiny", {**ours, "peer_failure": "an earlier one"})
     args = ["--systems", "tiny", "--netket-only", "--rows-dir", str(rows_dir)]
     assert bench.main([*args, "--output", str(tmp_path / "accuracy.md")]) == 0

@@ -130,6 +130,48 @@ BAD = {
         ),
         "optimizer.clip_local_energy=5.0 needs sampler.kind=metropolis",
     ),
+    "anneal_not_mapping": (
+        lambda d: d["optimizer"].update(anneal_from=0.5, anneal_until=0.3),
+        "optimizer.anneal_from=0.5 (float) must be a mapping",
+    ),
+    "anneal_not_a_number": (
+        lambda d: d["optimizer"].update(anneal_from={"J2": "big"}, anneal_until=0.3),
+        "optimizer.anneal_from.J2",
+    ),
+    "anneal_not_a_coupling": (
+        lambda d: d["optimizer"].update(anneal_from={"U": 2.0}, anneal_until=0.3),
+        "optimizer.anneal_from.U is not a coupling of hamiltonian.kind=heisenberg; allowed: J1, J2",
+    ),
+    "anneal_the_sector": (
+        lambda d: d["optimizer"].update(anneal_from={"total_sz": 1.0}, anneal_until=0.3),
+        "optimizer.anneal_from.total_sz",
+    ),
+    "anneal_no_until": (
+        lambda d: d["optimizer"].update(anneal_from={"J2": 0.0}),
+        "optimizer.anneal_until is required",
+    ),
+    "anneal_until_alone": (
+        lambda d: d["optimizer"].update(anneal_until=0.3),
+        "optimizer.anneal_until=0.3 needs optimizer.anneal_from",
+    ),
+    "anneal_until_zero": (
+        lambda d: d["optimizer"].update(anneal_from={"J2": 0.0}, anneal_until=0),
+        "optimizer.anneal_until",
+    ),
+    "anneal_past_averaging": (
+        lambda d: d["optimizer"].update(
+            anneal_from={"J1": 2.0}, anneal_until=0.6, average_from=0.5
+        ),
+        "optimizer.average_from=0.5 must be >= optimizer.anneal_until=0.6",
+    ),
+    # the target allows a positive ψ, the start of the path does not
+    "anneal_from_signs": (
+        lambda d: (
+            d["model"].update(positive=True),
+            d["optimizer"].update(anneal_from={"J2": 0.5}, anneal_until=0.3),
+        ),
+        "optimizer.anneal_from={'J2': 0.5}: model.positive=true needs",
+    ),
     # a positive ψ for a Hamiltonian with a sign structure: J2 > 0 frustrates the sign rule
     "positive_frustrated": (
         lambda d: (d["model"].update(positive=True), d["hamiltonian"].update(J2=0.5)),

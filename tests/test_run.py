@@ -317,3 +317,47 @@ def test_final_state_is_the_mean_of_the_late_iterates(tmp_path):
         psi = torch.exp(model(x)).numpy()
     energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
     assert summary["energy"] == pytest.approx(energy, rel=1e-10)
+
+
+def test_annealed_run_starts_on_the_first_hamiltonian_and_ends_on_the_config_s(tmp_path):
+    # full sum, U annealed 1 -> 4 over half of 6 steps: step 0's energy is the Rayleigh
+    # quotient of the initial ViT under H(U = 1), built here independently; the steps after
+    # anneal_until, and the final energy, are those of H(U = 4)
+    from vitqs.operators import BoseHubbard
+    from vitqs.run import Anneal, build_hamiltonian, build_vmc
+
+    data = tiny_bose_hubbard(
+        tmp_path / "out",
+        sampler={"kind": "full_sum"},
+        optimizer={"n_iter": 6, "anneal_from": {"U": 1.0}, "anneal_until": 0.5},
+    )
+    config = from_dict(data)
+    initial = build_vmc(config).model
+    summary = run_config(config, progress=False)
+    record = results.read_results(summary["results_file"])
+    assert [row["anneal_fraction"] for row in record.history] == pytest.approx(
+        [0, 1 / 3, 2 / 3, 1, 1, 1]
+    )
+
+    target = build_hamiltonian(config)
+    start = BoseHubbard(target.lattice, J=1.0, U=1.0, n_particles=4)
+    x = torch.as_tensor(target.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(initial(x)).numpy()
+    energy = np.vdot(psi, start.to_dense() @ psi).real / np.vdot(psi, psi).real
+    assert record.history[0]["energy"] == pytest.approx(energy, rel=1e-10)
+    assert summary["energy"] >= summary["exact_energy"] - 1e-10
+
+    anneal = Anneal(config, target)
+    middle = anneal.hamiltonian_at(0.25)  # half way: U = 2.5
+    assert anneal.fraction == 0.5
+    np.testing.assert_allclose(
+        middle.to_dense(), BoseHubbard(target.lattice, 1.0, 2.5, n_particles=4).to_dense()
+    )
+    assert anneal.hamiltonian_at(0.5) is target and anneal.fraction == 1.0
+
+
+def test_a_run_without_anneal_records_the_config_s_hamiltonian(tmp_path):
+    summary = run_config(from_dict(tiny_heisenberg(tmp_path / "out")), progress=False)
+    record = results.read_results(summary["results_file"])
+    assert [row["anneal_fraction"] for row in record.history] == [1.0] * 4

@@ -123,6 +123,17 @@ def file_name():
     return check
 
 
+def real_mapping(example: str):
+    def check(key, value):
+        if not isinstance(value, dict) or not value:
+            raise ConfigError(
+                f"{key}={_describe(value)} must be a mapping of names to numbers, e.g. {example}"
+            )
+        return {name: real()(f"{key}.{name}", number) for name, number in value.items()}
+
+    return check
+
+
 def optional(checker):
     def check(key, value):
         return None if value is None else checker(key, value)
@@ -246,6 +257,11 @@ class OptimizerConfig:
     # cut the local energies fed to the SR force to this many mean absolute deviations
     # from their mean: rare outliers stop steering the step (Monte Carlo only; null: off)
     clip_local_energy: float | None = option(None, optional(real(positive=True)))
+    # start the hamiltonian's couplings at these values, e.g. {U: 3.3}, and move them linearly
+    # to the hamiltonian section's over the first anneal_until of the run (of n_iter or of
+    # max_seconds): the ground state is followed from where it is easy to find (null: off)
+    anneal_from: dict | None = option(None, optional(real_mapping("{U: 3.3}")))
+    anneal_until: float | None = option(None, optional(real(positive=True, maximum=1.0)))
 
 
 @dataclass
@@ -403,6 +419,7 @@ def _check_consistency(config: Config) -> None:
             )
     _check_positive(config.model, ham)
     _check_schedules(config.optimizer)
+    _check_anneal(config)
     if config.optimizer.clip_local_energy is not None and config.sampler.kind != "metropolis":
         raise ConfigError(
             f"optimizer.clip_local_energy={config.optimizer.clip_local_energy} needs "
@@ -445,6 +462,41 @@ def _check_positive(model: ModelConfig, ham) -> None:
             f"model.positive=true needs a ground state without signs, but the hamiltonian has "
             f"{found}; allowed: {allowed}, or set model.positive=false"
         )
+
+
+# the couplings optimizer.anneal_from may start elsewhere (not the sector: it fixes the space)
+_COUPLINGS = {"heisenberg": ("J1", "J2"), "bose_hubbard": ("J", "U", "mu")}
+
+
+def _check_anneal(config: Config) -> None:
+    cfg, ham = config.optimizer, config.hamiltonian
+    if cfg.anneal_from is None:
+        if cfg.anneal_until is not None:
+            raise ConfigError(
+                f"optimizer.anneal_until={cfg.anneal_until} needs optimizer.anneal_from "
+                "(the couplings to start from, e.g. {U: 3.3})"
+            )
+        return
+    allowed = _COUPLINGS[ham.kind]
+    for name in cfg.anneal_from:
+        if name not in allowed:
+            raise ConfigError(
+                f"optimizer.anneal_from.{name} is not a coupling of hamiltonian.kind={ham.kind}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+    if cfg.anneal_until is None:
+        raise ConfigError("optimizer.anneal_until is required with optimizer.anneal_from")
+    if cfg.average_from is not None and cfg.average_from < cfg.anneal_until:
+        raise ConfigError(
+            f"optimizer.average_from={cfg.average_from} must be >= optimizer.anneal_until="
+            f"{cfg.anneal_until}: the mean would hold states of another hamiltonian"
+        )
+    # H is linear in the couplings and the sign conditions are linear inequalities: if
+    # both ends of the path allow a positive psi, every point between does
+    try:
+        _check_positive(config.model, dataclasses.replace(ham, **cfg.anneal_from))
+    except ConfigError as err:
+        raise ConfigError(f"optimizer.anneal_from={cfg.anneal_from}: {err}") from None
 
 
 def _check_schedules(cfg: OptimizerConfig) -> None:

@@ -59,10 +59,11 @@ HISTORY_FIELDS = (
     "seconds_solve",
     "seconds_total",
     "n_samples",
+    "anneal_fraction",  # 1: the step's hamiltonian is the config's (optimizer.anneal_from)
 )
 _INT_HISTORY_FIELDS = ("step",)
 # columns added after format 1 was first written: a file without them reads as NaN
-_LATER_HISTORY_FIELDS = ("n_samples",)
+_LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction")
 
 EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds")
 FINAL_FIELDS = (

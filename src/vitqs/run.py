@@ -15,7 +15,7 @@ import math
 import signal
 import statistics as pystats
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -143,7 +143,9 @@ def build_vmc(config: Config) -> VMC:
 def optimizer_settings(config: Config) -> OptimizerSettings:
     """Returns the VMC optimizer settings of ``config.optimizer``."""
     settings = dataclasses.asdict(config.optimizer)
-    settings.pop("max_seconds")  # the wall-clock budget is the shell's loop's business
+    # the wall-clock budget and the hamiltonian's path are the shell's loop's business
+    for key in ("max_seconds", "anneal_from", "anneal_until"):
+        settings.pop(key)
     try:
         return OptimizerSettings(**settings)
     except ValueError as err:
@@ -204,6 +206,41 @@ class Run:
     record: results.RunRecord
     path: Path
     seconds_before: float = 0.0  # wall time of earlier invocations (resume)
+    anneal: Anneal = field(init=False)  # the hamiltonian each step optimises
+
+    def __post_init__(self):
+        self.anneal = Anneal(self.config, self.hamiltonian)
+
+
+class Anneal:
+    """``optimizer.anneal_from``: the couplings the steps optimise move linearly from these
+    starting values to the hamiltonian section's over the first ``anneal_until`` of the run,
+    then stay there. Starting where the ground state is easy to reach (the superfluid, which
+    the sampler mixes through; the unfrustrated magnet) and following it into the hard phase
+    is a sweep's warm start inside one run and one budget.
+
+    Attributes:
+        fraction: how far along the path the last Hamiltonian asked for lies (1: the target).
+    """
+
+    def __init__(self, config: Config, target):
+        self.config, self.target = config, target
+        self.fraction = 1.0
+
+    def hamiltonian_at(self, progress: float):
+        """Returns the Hamiltonian to optimise at ``progress`` (fraction of the run done)."""
+        cfg = self.config.optimizer
+        if cfg.anneal_from is None or progress >= cfg.anneal_until:
+            self.fraction = 1.0
+            return self.target
+        self.fraction = progress / cfg.anneal_until
+        end = self.config.hamiltonian
+        couplings = {
+            name: start + self.fraction * (getattr(end, name) - start)
+            for name, start in cfg.anneal_from.items()
+        }
+        config = dataclasses.replace(self.config, hamiltonian=dataclasses.replace(end, **couplings))
+        return build_hamiltonian(config, self.target.lattice)
 
 
 def config_yaml(config: Config) -> str:
@@ -351,7 +388,7 @@ def _checkpoint(run: Run, seconds: float) -> None:
     results.write_results(run.path, run.record)
 
 
-def _history_row(result, exact_energy) -> dict:
+def _history_row(result, exact_energy, anneal_fraction: float) -> dict:
     energy = result.energy
     timings = result.timings
     return {
@@ -371,6 +408,7 @@ def _history_row(result, exact_energy) -> dict:
         "seconds_solve": timings.get("solve", math.nan),
         "seconds_total": sum(timings.values()),
         "n_samples": energy.n_samples,
+        "anneal_fraction": anneal_fraction,
     }
 
 
@@ -393,8 +431,9 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
     _follow_budget(run, done, run.seconds_before)
     try:
         for result in run.vmc.run(config.optimizer.n_iter - done):
-            record.append_history(_history_row(result, exact_energy))
-            bar.set_postfix_str(_progress_text(result, exact_energy), refresh=False)
+            record.append_history(_history_row(result, exact_energy, run.anneal.fraction))
+            text = _progress_text(result, exact_energy, run.anneal.fraction)
+            bar.set_postfix_str(text, refresh=False)
             bar.update(1)
             step = len(record.history)
             if step % config.output.checkpoint_every == 0 or stop:
@@ -421,15 +460,18 @@ def _follow_budget(run: Run, step: int, seconds: float) -> None:
     if optimizer.max_seconds is not None:
         run.vmc.budget_progress = min(seconds / optimizer.max_seconds, 1.0)
     progress = run.vmc.progress()
+    run.vmc.hamiltonian = run.anneal.hamiltonian_at(progress)
     if cfg.n_samples_late is not None and isinstance(run.sampler, MetropolisSampler):
         late = progress >= cfg.late_fraction
         run.sampler.set_n_samples(cfg.n_samples_late if late else cfg.n_samples)
 
 
-def _progress_text(result, exact_energy) -> str:
+def _progress_text(result, exact_energy, anneal_fraction: float) -> str:
     energy = result.energy
     text = f"E={energy.mean.real:.6f}±{energy.error_of_mean:.1e}"
-    if exact_energy is not None:
+    if anneal_fraction < 1.0:  # not yet the hamiltonian whose exact energy is known
+        text += f" anneal={anneal_fraction:.2f}"
+    elif exact_energy is not None:
         text += f" rel={results.relative_error(energy.mean.real, exact_energy):.1e}"
     if not math.isnan(result.acceptance):
         text += f" acc={result.acceptance:.2f}"
