@@ -12,6 +12,9 @@ the stored row. netket's trained state is enumerated like ours when its sector i
 ``--enumerate`` adds to each stored row the energy of its trained state
 summed over the whole sector (``scripts/state_energy.py``: no noise, never below E_exact).
 ``--ablation`` runs the model variants of the Bose-Hubbard ablation instead.
+``--from-results FILE`` reads one system's row from a run made elsewhere (the GPU-scale
+``j1j2_6x6``, run with ``vitqs run`` where a GPU is); a system without ED is measured against
+the published energy in ``REFERENCES``, and the table says so.
 
 Only the blocks between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` markers in
 ``accuracy.md`` are rewritten: the prose around them is kept.
@@ -19,6 +22,7 @@ Only the blocks between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` marker
     python scripts/benchmark_accuracy.py --systems heisenberg_chain16 --with-netket
     vitqs bench accuracy --systems heisenberg_4x4 --with-netket --side-by-side --enumerate
     vitqs bench accuracy --ablation --budget 60
+    vitqs bench accuracy --systems j1j2_6x6 --from-results results/benchmarks/j1j2_6x6.h5
 """
 
 from __future__ import annotations
@@ -64,6 +68,13 @@ ABLATION = {
         "model.symmetrize": "translations",
     },
 }
+# GPU-scale systems: never in the default --systems (an hour on a CPU would not do); their
+# rows come from a run made elsewhere, read back with --from-results.
+GPU_SYSTEMS = ("j1j2_6x6",)
+# Published energies per site for the systems our ED cannot reach: (E/N, source).
+REFERENCES = {
+    "j1j2_6x6": (-0.503810, "ED, Schulz, Ziman & Poilblanc 1996"),
+}
 MAX_DIM = 2_000_000  # the largest sector whose trained states are enumerated
 
 
@@ -97,22 +108,37 @@ def machine() -> str:
 
 def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> dict:
     """Runs one config with overrides; returns the table row and the error-vs-time curve."""
-    import torch  # run_config sets its thread count from config.threads
-
     from vitqs.config import load
     from vitqs.run import run_config
 
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
     config = load(config_path, [*sets, f"name={name}", f"output.dir={rows_dir}"])
     summary = run_config(config, overwrite=True, progress=sys.stderr.isatty())
-    with h5py.File(summary["results_file"], "r") as f:
+    return row_from_results(config_path.stem, Path(summary["results_file"]))
+
+
+def row_from_results(system: str, results_file: Path) -> dict:
+    """Returns the table row of a finished results file, with the config stored in it: a run
+    of this script, or one made elsewhere (``vitqs run`` on a GPU) and read back."""
+    import torch
+
+    from vitqs.results import read_results
+    from vitqs.run import load_config_dict
+    from vitqs.run import summary as run_summary
+
+    record = read_results(results_file)
+    if record.status != "finished":
+        raise SystemExit(f"{results_file}: the run is {record.status}, not finished")
+    config = load_config_dict(yaml.safe_load(record.config_yaml), system)
+    summary = run_summary(record, results_file)
+    with h5py.File(results_file, "r") as f:
         energy = f["history/energy"][:]
         seconds = np.cumsum(f["history/seconds_total"][:])
     exact = summary["exact_energy"]
     model = config.model
-    return {
+    row = {
         "engine": "vitqs",
-        "system": config_path.stem,
+        "system": system,
         "model": describe_model(model.to_dict() if hasattr(model, "to_dict") else vars(model)),
         "n_params": summary["n_params"],
         "n_samples": config.sampler.n_samples,
@@ -130,10 +156,20 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
         "relative_error": summary["relative_error"],
         "v_score": summary["v_score"],
         "n_sites": config.n_sites,
-        "results_file": str(summary["results_file"]),
+        "results_file": str(results_file),
         "curve_seconds": seconds.tolist(),
         "curve_relative_error": _relative(energy, exact),
     }
+    gpu = record.versions.get("gpu", "none")  # files written before the key: none recorded
+    if gpu != "none" and config.device != "cpu":
+        row["device"], row["threads"] = gpu, config.threads  # the GPU did the work
+    if exact is None and system in REFERENCES:
+        per_site, source = REFERENCES[system]
+        reference = per_site * config.n_sites
+        row["reference"] = {"energy": reference, "source": source}
+        row["reference_relative_error"] = _relative(summary["energy"], reference)[0]
+        row["curve_relative_error"] = _relative(energy, reference)
+    return row
 
 
 def _annealed(optimizer) -> str:
@@ -166,7 +202,7 @@ def describe_model(model: dict) -> str:
 def _relative(energy, exact) -> list:
     if exact is None:
         return []
-    return (np.abs(np.asarray(energy) - exact) / abs(exact)).tolist()
+    return (np.abs(np.atleast_1d(energy) - exact) / abs(exact)).tolist()
 
 
 # ---- netket's side ------------------------------------------------------------------------
@@ -283,8 +319,13 @@ def _row_cells(row: dict, label: str) -> list[str]:
     per_site = row["n_sites"] or 1
     energy = f"{row['energy'] / per_site:.7f} ± {row['energy_error'] / per_site:.1e}"
     exact = _fmt(None if row["exact_energy"] is None else row["exact_energy"] / per_site, ".9f")
+    relative = _fmt(row["relative_error"], ".2e")
     if row["n_sites"] is None:  # netket rows: divide by the vitqs row's site count
         energy, exact = row["_energy_text"], row["_exact_text"]
+    if row.get("reference"):  # no ED: a published energy, and the error against it, marked
+        reference = row["reference"]
+        exact = f"{reference['energy'] / per_site:.6f} (published: {reference['source']})"
+        relative = f"{row['reference_relative_error']:.2e} (vs published)"
     return [
         label,
         row["engine"],
@@ -293,10 +334,11 @@ def _row_cells(row: dict, label: str) -> list[str]:
         str(row["n_samples"]),
         str(row["n_iter"]),
         f"{row['seconds']:.0f} ({_fmt(row['budget_seconds'], '.0f')})",
-        str(row.get("threads", 1)),  # rows stored before the column: one thread
+        # rows stored before the column: one thread
+        f"GPU: {row['device']}" if row.get("device") else str(row.get("threads", 1)),
         energy,
         exact,
-        _fmt(row["relative_error"], ".2e"),
+        relative,
         _fmt(row.get("enumerated_relative_error"), ".2e"),
         _fmt(row["v_score"], ".1e"),
         row["estimator"],
@@ -311,7 +353,7 @@ HEADER = [
     "samples",
     "iters",
     "wall s (budget)",
-    "threads",
+    "threads / GPU",
     "E/N ± err",
     "E_exact/N",
     "rel. error",
@@ -376,6 +418,7 @@ def plot_curves(rows: list[dict], path: Path, title: str) -> None:
                 entry["curve_seconds"], entry["curve_relative_error"], label=entry["engine"]
             )
         panel = row.get("label", row["system"]).split(": ", 1)[-1]
+        panel += " (vs the published energy)" if row.get("reference") else ""
         ax.set_title(textwrap.fill(panel, 45), fontsize=8)
         ax.set_xlabel("wall time of the optimisation (s)")
         ax.set_ylabel("|E − E_exact| / |E_exact|")
@@ -433,7 +476,11 @@ def _run_systems(args, rows_dir: Path) -> None:
         path = CONFIG_DIR / f"{system}.yaml"
         overrides = {} if args.budget is None else {"optimizer.max_seconds": args.budget}
         peer = (run_netket, path, args.budget)
-        if args.netket_only:
+        if args.from_results:
+            row = row_from_results(system, args.from_results)
+            if args.keep_peers and _earlier_peers(rows_dir, system):
+                row["peers"] = _earlier_peers(rows_dir, system)
+        elif args.netket_only:
             row = _stored_row(rows_dir, system)
             _add_peer(row, system, *peer, row["exact_energy"], args.max_dim)
         elif args.with_netket and args.side_by_side:
@@ -445,7 +492,8 @@ def _run_systems(args, rows_dir: Path) -> None:
                 _add_peer(row, system, *peer, row["exact_energy"], args.max_dim)
             elif earlier:
                 row["peers"] = earlier
-        row["order"] = SYSTEMS.index(system) if system in SYSTEMS else len(SYSTEMS)
+        order = [*SYSTEMS, *GPU_SYSTEMS]
+        row["order"] = order.index(system) if system in order else len(order)
         _store(rows_dir, "accuracy", system, row)
         print(_summary_line(system, row), flush=True)
 
@@ -561,10 +609,10 @@ def _summary_line(label: str, row: dict) -> str:
         f"| netket rel={_fmt(p['relative_error'], '.2e')} its={p['n_iter']}"
         for p in row.get("peers", [])
     )
-    return (
-        f"{label}: rel={_fmt(row['relative_error'], '.2e')} its={row['n_iter']} "
-        f"{row['seconds']:.0f}s {peers}"
-    )
+    relative = _fmt(row["relative_error"], ".2e")
+    if row.get("reference"):
+        relative = f"{row['reference_relative_error']:.2e} (vs published)"
+    return f"{label}: rel={relative} its={row['n_iter']} {row['seconds']:.0f}s {peers}"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -588,6 +636,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="run only netket's peer of each system (with the config's threads), beside the "
         "vitqs row stored for it",
+    )
+    parser.add_argument(
+        "--from-results",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="instead of running the one system of --systems, read its row from a finished "
+        "results file of `vitqs run` made elsewhere (e.g. on a GPU: "
+        f"{', '.join(GPU_SYSTEMS)}); the config stored in the file is used",
     )
     parser.add_argument("--ablation", action="store_true", help="the Bose-Hubbard model ablation")
     parser.add_argument("--ablation-base", default=ABLATION_BASE, metavar="NAME")
@@ -620,6 +677,14 @@ def main(argv=None) -> int:
             "--netket-only runs netket beside the stored rows of --systems; it does not "
             "combine with --ablation, --with-netket or --keep-peers"
         )
+    if args.from_results is not None:
+        if len(args.systems) != 1 or args.ablation or args.with_netket or args.netket_only:
+            raise SystemExit(
+                "--from-results reads the row of one system (--systems NAME); it does not "
+                "combine with --ablation, --with-netket or --netket-only"
+            )
+        if not args.from_results.is_file():
+            raise SystemExit(f"--from-results: no file '{args.from_results}'")
     if not args.report_only:
         if args.ablation:
             _run_ablation(args, args.rows_dir)

@@ -159,3 +159,45 @@ def test_netket_only_attaches_an_enumerated_peer_with_the_configs_threads(tmp_pa
     )
     table = (tmp_path / "accuracy.md").read_text()
     assert f"| {peer['enumerated_relative_error']:.2e} |" in table
+
+
+def test_a_row_read_back_from_a_gpu_run_is_measured_against_the_published_energy(
+    tmp_path, monkeypatch
+):
+    # a system without ED (exact off here) whose run was made elsewhere on a GPU: the row
+    # comes from the results file, names the GPU, and measures against the published energy
+    from vitqs.results import read_results, write_results
+
+    bench = _script("benchmark_accuracy")
+    config = tmp_path / "tiny.yaml"
+    data = tiny_heisenberg(tmp_path / "out")
+    data["exact"] = {"enabled": False}
+    config.write_text(yaml.safe_dump(data))
+    assert main(["run", str(config), "--quiet"]) == 0
+    results_file = tmp_path / "out" / "tiny.h5"
+    record = read_results(results_file)
+    record.versions["gpu"] = "Some GPU"
+    write_results(results_file, record)
+    published = -0.4671554  # E/N standing in for a published value
+    monkeypatch.setitem(bench.REFERENCES, "tiny", (published, "a paper"))
+
+    row = bench.row_from_results("tiny", results_file)
+    assert row["relative_error"] is None and row["exact_energy"] is None
+    assert row["device"] == "Some GPU" and row["n_iter"] == 4
+    expected = abs(record.final["energy"] - 6 * published) / abs(6 * published)
+    assert row["reference_relative_error"] == pytest.approx(expected, rel=1e-12)
+    assert row["curve_relative_error"][-1] == pytest.approx(
+        abs(record.history[-1]["energy"] - 6 * published) / abs(6 * published), rel=1e-12
+    )
+    cells = bench.render_table([row], "system").splitlines()[2].split(" | ")
+    assert "GPU: Some GPU" in cells
+    assert "-0.467155 (published: a paper)" in cells
+    assert f"{expected:.2e} (vs published)" in cells
+
+
+def test_from_results_refuses_what_it_does_not_combine_with(tmp_path):
+    bench = _script("benchmark_accuracy")
+    with pytest.raises(SystemExit, match="one system"):
+        bench.main(["--systems", "j1j2_4x4", "j1j2_6x6", "--from-results", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no file"):
+        bench.main(["--systems", "j1j2_6x6", "--from-results", str(tmp_path / "none.h5")])

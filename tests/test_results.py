@@ -96,7 +96,7 @@ def test_round_trip_keeps_every_field(tmp_path):
         assert getattr(back, key) == getattr(record, key)
     assert back.updated == record.updated
     assert back.versions == record.versions
-    assert set(back.versions) == {"vitqs", "torch", "numpy", "python", "h5py", "platform"}
+    assert set(back.versions) == {"vitqs", "torch", "numpy", "python", "h5py", "platform", "gpu"}
     assert "S = sigma/2" in back.conventions
     assert back.history == record.history
     for name, column in back.history_arrays().items():

@@ -100,7 +100,8 @@ def _now() -> str:
 
 
 def runtime_versions() -> dict[str, str]:
-    """Returns the versions of vitqs, torch, numpy, python, h5py and the platform string."""
+    """Returns the versions of vitqs, torch, numpy, python, h5py, the platform string and the
+    CUDA device that would run (its name, or "none"): a timing means little without it."""
     return {
         "vitqs": __version__,
         "torch": torch.__version__,
@@ -108,6 +109,7 @@ def runtime_versions() -> dict[str, str]:
         "python": platform.python_version(),
         "h5py": h5py.__version__,
         "platform": platform.platform(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
     }
 
 

@@ -46,6 +46,25 @@ def test_patch_size_list_and_jastrow_factor_on_a_chain():
     assert model.jastrow is not None
 
 
+@pytest.mark.parametrize("invariant", [True, False])
+def test_translation_average_takes_one_shift_per_patch_coset(invariant):
+    # an invariant ViT on the 4x4 with 2x2 patches needs the 4 shifts inside a patch (times
+    # the spin flip), not all 16; one that is not invariant needs every translation
+    cfg = model_config(symmetrize="translations", spin_flip=1, translation_invariant=invariant)
+    torch.manual_seed(2)
+    model = build_model(cfg, SQUARE, SPINS)
+    assert model.translations.shape == ((4, 16) if invariant else (16, 16))
+    for p in model.parameters():
+        p.data.add_(0.2 * torch.randn_like(p))
+    full = Symmetrized(model.model, SQUARE.translations, spin_flip=1)
+    x = random_spins(4, 16)
+    one = torch.ones(4, dtype=torch.complex128)
+    torch.testing.assert_close(torch.exp(model(x) - full(x)), one, rtol=0, atol=1e-12)
+    for perm in SQUARE.translations:
+        ratio = torch.exp(model(x[:, perm]) - model(x))
+        torch.testing.assert_close(ratio, one, rtol=0, atol=1e-12)
+
+
 def test_spin_flip_alone_wraps_with_the_identity_only():
     model = build_model(model_config(spin_flip=-1), SQUARE, SPINS)
     assert isinstance(model, Symmetrized) and model.translations.shape == (1, 16)

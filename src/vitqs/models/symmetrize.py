@@ -87,12 +87,20 @@ def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
     if isinstance(model, Symmetrized) and model.translations.shape[0] > 1:
         return model
     inner = model.model if isinstance(model, Symmetrized) else model
-    table = lattice.translations
-    period = getattr(inner, "translation_period", None) if lattice.pbc else None
-    if period is not None:
-        t = np.arange(len(table))
-        lx = lattice.extent[0]
-        table = table[(t % lx < period[0]) & (t // lx < period[1])]
+    table = coset_translations(inner, lattice)
     if len(table) == 1:
         return model
     return Symmetrized(model, table)
+
+
+def coset_translations(model: nn.Module, lattice) -> np.ndarray:
+    """Returns the translations ``(n_T, n_sites)`` whose average over ``model`` equals the
+    average over every translation of ``lattice``: one per coset of the translations that
+    ``model`` is invariant under (its ``translation_period``), or all of them."""
+    table = lattice.translations
+    period = getattr(model, "translation_period", None) if lattice.pbc else None
+    if period is None:
+        return table
+    t = np.arange(len(table))
+    lx = lattice.extent[0]
+    return table[(t % lx < period[0]) & (t // lx < period[1])]
