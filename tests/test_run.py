@@ -361,3 +361,50 @@ def test_a_run_without_anneal_records_the_config_s_hamiltonian(tmp_path):
     summary = run_config(from_dict(tiny_heisenberg(tmp_path / "out")), progress=False)
     record = results.read_results(summary["results_file"])
     assert [row["anneal_fraction"] for row in record.history] == [1.0] * 4
+
+
+def _collapsed_jastrow_run(tmp_path, max_frozen_steps):
+    # a Gutzwiller factor u(2) = -1000 on the unit-filled 4-site ring: every hop from the
+    # Mott configuration makes a double occupancy, so once the chains reach it no move is
+    # ever accepted again, and SR, whose samples are then all alike, cannot move the state
+    from vitqs.run import build_vmc
+
+    data = tiny_bose_hubbard(
+        tmp_path / "out",
+        model={"kind": "jastrow"},
+        sampler={"max_frozen_steps": max_frozen_steps},
+        optimizer={"n_iter": 12},
+    )
+    data["hamiltonian"]["n_max"] = 2
+    config = from_dict(data)
+    parameters = build_vmc(config).model.state_dict()
+    parameters["onsite"] = torch.tensor([0.0, 0.0, -1000.0], dtype=torch.float64)
+    return config, parameters
+
+
+def test_a_run_whose_chains_freeze_stops_with_a_checkpoint(tmp_path):
+    from vitqs.config import ConfigError
+
+    config, parameters = _collapsed_jastrow_run(tmp_path, 3)
+    with pytest.raises(ConfigError, match=r"no move for 3 steps .*max_frozen_steps=3"):
+        run_config(config, progress=False, initial_parameters=parameters)
+    record = results.read_results(results.results_path(config.output.dir, config.name))
+    assert record.status == "interrupted" and record.checkpoint is not None
+    acceptance = [row["acceptance"] for row in record.history]
+    # the first steps still move (chains thermalising into the Mott configuration), then 3
+    # frozen steps in a row stop the run
+    assert acceptance[0] > 0 and len(acceptance) < 12
+    assert acceptance[-3:] == [0.0, 0.0, 0.0] and acceptance[-4] > 0
+
+    config, parameters = _collapsed_jastrow_run(tmp_path / "on", None)  # null: never stop
+    summary = run_config(config, progress=False, initial_parameters=parameters)
+    assert summary["n_iter"] == 12
+
+
+def test_a_one_state_sector_is_never_called_frozen(tmp_path):
+    # hard-core bosons at unit filling: one state, no move can be accepted, nothing is wrong
+    data = tiny_bose_hubbard(tmp_path / "out", sampler={"max_frozen_steps": 1})
+    data["hamiltonian"]["n_max"] = 1
+    summary = run_config(from_dict(data), progress=False)
+    record = results.read_results(summary["results_file"])
+    assert summary["n_iter"] == 4 and {row["acceptance"] for row in record.history} == {0.0}

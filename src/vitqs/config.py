@@ -236,6 +236,9 @@ class SamplerConfig:
     # of optimizer.max_seconds, whichever comes first) has passed
     n_samples_late: int | None = option(None, optional(integer(1)))
     late_fraction: float = option(0.75, real(minimum=0.0, maximum=1.0))
+    # stop a run whose Metropolis acceptance has been 0 for this many steps in a row: every
+    # chain is frozen on its configuration (a collapsed state); null: never stop
+    max_frozen_steps: int | None = option(50, optional(integer(1)))
 
 
 @dataclass

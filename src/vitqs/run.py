@@ -50,6 +50,7 @@ _RESUMABLE_CHANGES = (
     "exact.enabled",
     "exact.max_dim",
     "optimizer.max_seconds",
+    "sampler.max_frozen_steps",
 )
 _FULL_SUM_MAX_DIM = 200_000
 
@@ -427,11 +428,16 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
         leave=True,
     )
     max_seconds = config.optimizer.max_seconds
+    frozen_limit = _frozen_limit(run)
+    frozen_steps = 0
     loop_start = time.perf_counter()
     _follow_budget(run, done, run.seconds_before)
     try:
         for result in run.vmc.run(config.optimizer.n_iter - done):
             record.append_history(_history_row(result, exact_energy, run.anneal.fraction))
+            frozen_steps = frozen_steps + 1 if result.acceptance == 0 else 0
+            if frozen_limit is not None and frozen_steps >= frozen_limit:
+                _frozen(run, frozen_steps, run.seconds_before + time.perf_counter() - start)
             text = _progress_text(result, exact_energy, run.anneal.fraction)
             bar.set_postfix_str(text, refresh=False)
             bar.update(1)
@@ -450,6 +456,31 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
         raise ConfigError(f"{err} The last checkpoint is in '{run.path}'.") from None
     finally:
         bar.close()
+
+
+def _frozen_limit(run: Run) -> int | None:
+    """Returns ``sampler.max_frozen_steps``, or None where zero acceptance is no failure: a
+    sector of one state, where no proposal can land anywhere else."""
+    if exact.sector_fits(run.hamiltonian.hilbert, 1):
+        return None
+    return run.config.sampler.max_frozen_steps
+
+
+def _frozen(run: Run, n_steps: int, seconds: float):
+    """Stops a run whose chains have not moved for ``n_steps`` steps: its estimates are of
+    one configuration per chain, and SR cannot move a state whose samples are all alike."""
+    _checkpoint(run, seconds)
+    run.record.status = "interrupted"
+    results.write_results(run.path, run.record)
+    step = len(run.record.history)
+    raise ConfigError(
+        f"the sampler accepted no move for {n_steps} steps in a row (steps "
+        f"{step - n_steps + 1}-{step}, sampler.max_frozen_steps={n_steps}): every chain is "
+        f"frozen, so the state has collapsed onto a few configurations and the energy and "
+        f"gradient no longer mean anything. Stopped with a checkpoint in '{run.path}'. Start "
+        f"again (--overwrite) with a larger optimizer.diag_shift or a smaller optimizer.lr, or "
+        f"set sampler.max_frozen_steps: null to let it run on"
+    )
 
 
 def _follow_budget(run: Run, step: int, seconds: float) -> None:
