@@ -469,9 +469,8 @@ def _frozen_limit(run: Run) -> int | None:
 def _frozen(run: Run, n_steps: int, seconds: float):
     """Stops a run whose chains have not moved for ``n_steps`` steps: its estimates are of
     one configuration per chain, and SR cannot move a state whose samples are all alike."""
-    _checkpoint(run, seconds)
     run.record.status = "interrupted"
-    results.write_results(run.path, run.record)
+    _checkpoint(run, seconds)  # writes the file with its status
     step = len(run.record.history)
     raise ConfigError(
         f"the sampler accepted no move for {n_steps} steps in a row (steps "
