@@ -71,6 +71,7 @@ ABLATION = {
 # GPU-scale systems: never in the default --systems (an hour on a CPU would not do); their
 # rows come from a run made elsewhere, read back with --from-results.
 GPU_SYSTEMS = ("j1j2_6x6",)
+ORDER = (*SYSTEMS, *GPU_SYSTEMS)  # the rows of the table, top to bottom
 # Published energies per site for the systems our ED cannot reach: (E/N, source).
 REFERENCES = {
     "j1j2_6x6": (-0.503810, "ED, Schulz, Ziman & Poilblanc 1996"),
@@ -122,7 +123,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
     of this script, or one made elsewhere (``vitqs run`` on a GPU) and read back."""
     import torch
 
-    from vitqs.results import read_results
+    from vitqs.results import read_results, relative_error
     from vitqs.run import load_config_dict
     from vitqs.run import summary as run_summary
 
@@ -167,7 +168,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
         per_site, source = REFERENCES[system]
         reference = per_site * config.n_sites
         row["reference"] = {"energy": reference, "source": source}
-        row["reference_relative_error"] = _relative(summary["energy"], reference)[0]
+        row["reference_relative_error"] = relative_error(summary["energy"], reference)
         row["curve_relative_error"] = _relative(energy, reference)
     return row
 
@@ -202,7 +203,7 @@ def describe_model(model: dict) -> str:
 def _relative(energy, exact) -> list:
     if exact is None:
         return []
-    return (np.abs(np.atleast_1d(energy) - exact) / abs(exact)).tolist()
+    return (np.abs(np.asarray(energy) - exact) / abs(exact)).tolist()
 
 
 # ---- netket's side ------------------------------------------------------------------------
@@ -476,24 +477,22 @@ def _run_systems(args, rows_dir: Path) -> None:
         path = CONFIG_DIR / f"{system}.yaml"
         overrides = {} if args.budget is None else {"optimizer.max_seconds": args.budget}
         peer = (run_netket, path, args.budget)
-        if args.from_results:
-            row = row_from_results(system, args.from_results)
-            if args.keep_peers and _earlier_peers(rows_dir, system):
-                row["peers"] = _earlier_peers(rows_dir, system)
-        elif args.netket_only:
+        if args.netket_only:
             row = _stored_row(rows_dir, system)
             _add_peer(row, system, *peer, row["exact_energy"], args.max_dim)
         elif args.with_netket and args.side_by_side:
             row = _side_by_side(path, overrides, system, rows_dir, args.budget, args.max_dim)
         else:
             earlier = _earlier_peers(rows_dir, system) if args.keep_peers else None
-            row = run_vitqs(path, overrides, system, rows_dir)
+            if args.from_results:  # a run made elsewhere (main() refuses it with netket)
+                row = row_from_results(system, args.from_results)
+            else:
+                row = run_vitqs(path, overrides, system, rows_dir)
             if args.with_netket:
                 _add_peer(row, system, *peer, row["exact_energy"], args.max_dim)
             elif earlier:
                 row["peers"] = earlier
-        order = [*SYSTEMS, *GPU_SYSTEMS]
-        row["order"] = order.index(system) if system in order else len(order)
+        row["order"] = ORDER.index(system) if system in ORDER else len(ORDER)
         _store(rows_dir, "accuracy", system, row)
         print(_summary_line(system, row), flush=True)
 
