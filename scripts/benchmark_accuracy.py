@@ -118,6 +118,15 @@ def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> 
     return row_from_results(config_path.stem, Path(summary["results_file"]))
 
 
+def _estimator(full_sum: bool, summed: int | None, dimension: int | None) -> str:
+    """Returns the estimator cell's start: Monte Carlo, a full sum, or one over orbits."""
+    if not full_sum:
+        return "Monte Carlo"
+    if summed is None or dimension is None or summed == dimension:
+        return "full sum"
+    return f"full sum over {summed:,} orbits of the {dimension:,} states"
+
+
 def row_from_results(system: str, results_file: Path) -> dict:
     """Returns the table row of a finished results file, with the config stored in it: a run
     of this script, or one made elsewhere (``vitqs run`` on a GPU) and read back."""
@@ -135,16 +144,19 @@ def row_from_results(system: str, results_file: Path) -> dict:
     with h5py.File(results_file, "r") as f:
         energy = f["history/energy"][:]
         seconds = np.cumsum(f["history/seconds_total"][:])
+        summed = int(f["history/n_samples"][-1]) if "history/n_samples" in f else None
     exact = summary["exact_energy"]
     model = config.model
+    full_sum = config.sampler.kind == "full_sum"
     row = {
         "engine": "vitqs",
         "system": system,
         "model": describe_model(model.to_dict() if hasattr(model, "to_dict") else vars(model)),
         "n_params": summary["n_params"],
-        "n_samples": config.sampler.n_samples,
+        # a full sum's samples: the states each step sums over (one per orbit when reduced)
+        "n_samples": summed if full_sum and summed else config.sampler.n_samples,
         "threads": config.threads or torch.get_num_threads(),
-        "estimator": ("full sum" if config.sampler.kind == "full_sum" else "Monte Carlo")
+        "estimator": _estimator(full_sum, summed, (record.exact or {}).get("dimension"))
         + (", final ψ translation-averaged" if config.final.symmetrize == "translations" else "")
         + _annealed(config.optimizer)
         + _averaged(config.optimizer.average_from),
@@ -195,7 +207,7 @@ def describe_model(model: dict) -> str:
         text = f"vit {model['layers']}L " + text[4:] + f" {model['embedding']}"
         text += "+Jastrow" if model["jastrow"] else ""
         text += ", ψ>0" if model.get("positive") else ""
-    text += "+transl" if model["symmetrize"] == "translations" else ""
+    text += {"translations": "+transl", "space_group": "+space group"}.get(model["symmetrize"], "")
     text += f"+flip{model['spin_flip']:+d}" if model["spin_flip"] else ""
     return text
 
@@ -239,6 +251,7 @@ def start_netket(
             "lr": NETKET_LR[kind],
             "diag_shift": opt.get("diag_shift", 1e-3),
             "final_n_samples": data.get("final", {}).get("n_samples", 8192),
+            "full_sum": sampler.get("kind") == "full_sum",  # FullSumState beside our full sum
             "exact_energy": exact_energy,
             "enumerate_max_dim": max_dim,
         },
@@ -273,9 +286,9 @@ def netket_row(started) -> dict:
         "model": f"netket tutorial ViT {spec['options']['layers']}L d{spec['options']['d_model']}"
         f" h{spec['options']['heads']} p{spec['options']['patch_size']}",
         "n_params": result["n_params"],
-        "n_samples": spec["options"]["n_samples"],
+        "n_samples": result["n_samples"],
         "threads": spec["threads"],
-        "estimator": "Monte Carlo",
+        "estimator": "full sum" if spec["options"].get("full_sum") else "Monte Carlo",
         "n_iter": n_done,
         "seconds": result["seconds_setup"]
         + result["seconds_total"]

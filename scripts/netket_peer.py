@@ -474,7 +474,8 @@ def run_netket_vit(
         "method_used": parts["method_used"],
         "sampler_used": parts["sampler_used"],
         "acceptance": _acceptance(vstate),
-        "n_samples": None if full_sum else int(vstate.n_samples),
+        # per step: the samples, or every state of the sector for a full sum
+        "n_samples": int(vstate.hilbert.n_states if full_sum else vstate.n_samples),
         "energy_factor": factor,
         "enumerated_energy": enumerated,
         "enumerated_relative_error": _relative_error(enumerated, exact_energy),

@@ -215,7 +215,7 @@ class ModelConfig:
     translation_invariant: bool = option(True, boolean())
     embedding: str = option("linear", choice("linear", "onehot"))
     jastrow: bool = option(False, boolean())
-    symmetrize: str = option("none", choice("none", "translations"))
+    symmetrize: str = option("none", choice("none", "translations", "space_group"))
     spin_flip: int = option(0, choice(0, 1, -1))
     head_init_std: float = option(0.1, real(positive=True))
     # a real log ψ (ψ > 0): right for a Hamiltonian without a sign problem, whose ground
@@ -239,6 +239,10 @@ class SamplerConfig:
     # stop a run whose Metropolis acceptance has been 0 for this many steps in a row: every
     # chain is frozen on its configuration (a collapsed state); null: never stop
     max_frozen_steps: int | None = option(50, optional(integer(1)))
+    # full_sum only: sum over one state per orbit of the model's symmetries (translations,
+    # rotations and reflections, spin inversion), weighted by the orbit's size: the same
+    # sums at a fraction of the cost
+    sum_over_orbits: bool = option(True, boolean())
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Chain and square lattices: site order, bonds by neighbour order, translations.
+"""Chain and square lattices: site order, bonds by neighbour order, translations and the
+point group.
 
 Sites are numbered row-major: site ``(x, y)`` of an ``Lx × Ly`` lattice is ``x + Lx * y``
 (a chain is the case ``Ly = 1``). Bonds of neighbour order 1 are built from the lattice
@@ -126,6 +127,34 @@ class Lattice:
             for dx in range(lx)
         ]
         return np.stack(perms).astype(np.int64)
+
+    def point_group(self) -> np.ndarray:
+        """Returns the rotations and reflections about site 0 as permutations ``(n_P, n_sites)``,
+        in the convention of `translations`; row 0 is the identity.
+
+        A chain has the reflection ``x → −x`` (2 elements); a square ``L × L`` lattice the 8 of
+        the square's symmetry group (C4v); a rectangle ``Lx ≠ Ly`` the 4 reflections of axes.
+        Together with the translations they make the lattice's space group. An open lattice
+        has only the identity (its reflections fix the centre, not site 0).
+        """
+        if not self.pbc:
+            return np.arange(self.n_sites)[None, :]
+        if self.ndim == 1:
+            matrices = [np.eye(1, dtype=np.int64), -np.eye(1, dtype=np.int64)]
+        else:
+            axes = [np.diag([sx, sy]) for sx in (1, -1) for sy in (1, -1)]
+            swap = np.array([[0, 1], [1, 0]])
+            square = self.shape[0] == self.shape[1]
+            matrices = axes + ([a @ swap for a in axes] if square else [])
+        perms = [tuple(self.site_index(self.coords @ m.T)) for m in matrices]
+        # on a 2-wide lattice a reflection can be the identity: keep each permutation once
+        return np.array(list(dict.fromkeys(perms)), dtype=np.int64)
+
+    def space_group(self) -> np.ndarray:
+        """Returns every translation after every point-group operation ``(n_T · n_P, n_sites)``:
+        row ``t · n_P + p`` maps ``x`` to ``T_t (P_p x)``."""
+        translations, points = self.translations, self.point_group()
+        return np.stack([p[t] for t in translations for p in points])
 
     def is_bipartite(self) -> bool:
         """Returns whether the nearest-neighbour bonds join two sublattices (x + y even / odd)."""

@@ -26,7 +26,7 @@ from vitqs import exact, observables, results
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict
 from vitqs.estimators import statistics
 from vitqs.lattice import Lattice
-from vitqs.models import build_model, symmetrize_translations
+from vitqs.models import build_model, invariances, symmetrize_translations
 from vitqs.operators import BoseHubbard, Heisenberg
 from vitqs.sampler import ExactSampler, MetropolisSampler
 from vitqs.sr import set_parameter_vector
@@ -102,8 +102,9 @@ def build_network(config: Config, hamiltonian) -> torch.nn.Module:
     return model.to(device=resolve_device(config.device), dtype=dtype)
 
 
-def build_sampler(config: Config, hamiltonian):
-    """Returns a Metropolis sampler, or the exact (full-sum) sampler when asked for."""
+def build_sampler(config: Config, hamiltonian, model=None):
+    """Returns a Metropolis sampler, or the exact (full-sum) sampler when asked for; the
+    latter sums over the orbits of ``model``'s symmetries with ``sampler.sum_over_orbits``."""
     cfg = config.sampler
     if cfg.kind == "full_sum":
         if not exact.sector_fits(hamiltonian.hilbert, _FULL_SUM_MAX_DIM):
@@ -111,7 +112,14 @@ def build_sampler(config: Config, hamiltonian):
                 f"sampler.kind=full_sum needs a sector of at most {_FULL_SUM_MAX_DIM:,} states; "
                 f"this one has about 10^{hamiltonian.hilbert.log_dimension() / 2.302585:.1f}"
             )
-        return ExactSampler(hamiltonian.hilbert, chunk_size=cfg.chunk_size)
+        reduce = cfg.sum_over_orbits and model is not None
+        symmetry = invariances(model, hamiltonian.lattice) if reduce else None
+        sampler = ExactSampler(hamiltonian.hilbert, chunk_size=cfg.chunk_size, symmetry=symmetry)
+        try:
+            sampler.check_symmetry(model)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        return sampler
     try:
         return MetropolisSampler(
             hamiltonian,
@@ -131,7 +139,7 @@ def build_vmc(config: Config) -> VMC:
     torch.manual_seed(config.seed)
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
-    sampler = build_sampler(config, hamiltonian)
+    sampler = build_sampler(config, hamiltonian, model)
     return VMC(
         hamiltonian,
         model,
@@ -551,10 +559,10 @@ def _finish(run: Run, start: float) -> dict:
     model = run.model
     if config.final.symmetrize == "translations":
         model = symmetrize_translations(run.model, run.hamiltonian.lattice)
-    samples = draw_samples(run.sampler, model, config.final.n_samples)
-    e_loc = sample_local_energy(
-        run.hamiltonian, model, run.sampler, samples, config.sampler.chunk_size
-    )
+    # site-resolved observables need every state, not one per orbit
+    sampler = run.sampler.unreduced() if isinstance(run.sampler, ExactSampler) else run.sampler
+    samples = draw_samples(sampler, model, config.final.n_samples)
+    e_loc = sample_local_energy(run.hamiltonian, model, sampler, samples, config.sampler.chunk_size)
     energy = statistics(e_loc, samples.weights)
     exact_energy = record.exact["energy"] if record.exact else None
     seconds = run.seconds_before + time.perf_counter() - start

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 
 from vitqs.estimators import evaluate_log_psi, reduce_sum
@@ -300,34 +301,137 @@ def _move_table(rule: str, hamiltonian) -> np.ndarray:
     return np.ascontiguousarray(bonds, dtype=np.int64)
 
 
+@dataclass
+class SectorOrbits:
+    """The orbits of a symmetry group on a sector, for a ψ with ``ψ(g x) = χ(g) ψ(x)``.
+
+    Attributes:
+        representatives: ``(R,)`` sector index of one state per orbit (its smallest index);
+            orbits where the symmetry forces ``ψ = 0`` are left out.
+        sizes: ``(R,)`` number of states in each orbit.
+        orbit: ``(D,)`` orbit number of every state of the sector; −1 where ``ψ = 0``.
+        character: ``(D,)`` ±1 with ``ψ(x) = character[x] · ψ(representative of x)``.
+    """
+
+    representatives: np.ndarray
+    sizes: np.ndarray
+    orbit: np.ndarray
+    character: np.ndarray
+
+
+def sector_orbits(hilbert, translations, spin_flip: int = 0) -> SectorOrbits:
+    """Returns the orbits of the group ``translations × {1, spin inversion}`` on the sector.
+
+    Args:
+        hilbert: a Hilbert space with ``all_states()`` and ``state_index``.
+        translations: ``(n_T, n_sites)`` permutations forming a group, ``(T x)[i] = x[perm[i]]``.
+        spin_flip: ``s`` of ``ψ(−x) = s ψ(x)`` (±1), or 0 for translations alone.
+    """
+    states = hilbert.all_states()
+    images, characters = [], []
+    for perm in np.asarray(translations):
+        images.append(hilbert.state_index(states[:, perm]))
+        characters.append(1)
+        if spin_flip:
+            images.append(hilbert.state_index(-states[:, perm]))
+            characters.append(spin_flip)
+    images, characters = np.stack(images), np.asarray(characters)[:, None]  # (G, D), (G, 1)
+    smallest = images.min(axis=0)  # the same for every state of an orbit: G is a group
+    reaches = images == smallest
+    even, odd = (reaches & (characters == 1)).any(0), (reaches & (characters == -1)).any(0)
+    # g x = r with χ(g) = +1 and h x = r with χ(h) = −1: ψ(r) = −ψ(r), the orbit has ψ = 0
+    vanishes = even & odd
+    labels, orbit, sizes = np.unique(smallest, return_inverse=True, return_counts=True)
+    kept = ~vanishes[labels]
+    renumber = np.where(kept, np.cumsum(kept) - 1, -1)
+    return SectorOrbits(
+        representatives=labels[kept],
+        sizes=sizes[kept],
+        orbit=renumber[orbit],
+        character=np.where(even, 1, -1),
+    )
+
+
 class ExactSampler:
     """Full enumeration of the sector: every state with weight ``|ψ(x)|² / Σ_x |ψ(x)|²``.
 
-    For tests and tiny systems; expectation values become exact weighted sums.
+    With ``symmetry``, the model's symmetry group, a sum over the sector is a sum over its
+    orbits: ψ, the local energy and the log-derivatives are the same on every state of an
+    orbit (up to the character, which cancels in all three), so one representative per
+    orbit with weight ``size · |ψ|²`` gives the same sums, the natural gradient included,
+    at a fraction of the cost (32× fewer states for translations and spin inversion on
+    4×4). Quantities that are not invariant (site-resolved observables) need the whole
+    sector: `unreduced`.
 
     Args:
         hilbert: a Hilbert space with ``all_states()``.
         chunk_size: states per forward pass; None for one pass.
+        symmetry: ``(translations, spin_flip)`` under which ψ is invariant for every
+            parameter value (`models.symmetrize.invariances`), or None: every state.
     """
 
-    def __init__(self, hilbert: SpinHalf | Bosons, chunk_size: int | None = None):
+    def __init__(self, hilbert: SpinHalf | Bosons, chunk_size: int | None = None, symmetry=None):
         self.hilbert = hilbert
         self.n_sites = hilbert.n_sites
-        self.n_samples = hilbert.dimension
         self.n_chains = 1
         self.chunk_size = chunk_size
-        self._states_np = hilbert.all_states()
+        self.symmetry = symmetry
+        states = hilbert.all_states()
+        self.orbits = None if symmetry is None else sector_orbits(hilbert, *symmetry)
+        if self.orbits is not None:
+            states = states[self.orbits.representatives]
+            self._log_sizes = torch.as_tensor(np.log(self.orbits.sizes), dtype=torch.float64)
+        self.n_samples = len(states)  # the states each sum runs over
+        self._states_np = states
         self._states: torch.Tensor | None = None
         self._matrix, self._matrix_of = None, None
 
+    @property
+    def reduced(self) -> bool:
+        return self.orbits is not None
+
+    def unreduced(self) -> ExactSampler:
+        """Returns the sampler of every state of the sector (itself when not reduced)."""
+        return ExactSampler(self.hilbert, self.chunk_size) if self.reduced else self
+
+    def check_symmetry(self, model, n_states: int = 8, tolerance: float = 1e-8) -> None:
+        """Raises ValueError unless ``ψ(g x) = χ(g) ψ(x)`` holds (to ``tolerance`` of the
+        largest amplitude) for the group of ``symmetry`` on ``n_states`` states of the sector:
+        a sum over orbits is wrong otherwise."""
+        if not self.reduced:
+            return
+        translations, spin_flip = self.symmetry
+        device, dtype = _model_device_dtype(model)
+        states = self.hilbert.all_states()
+        pick = np.linspace(0, len(states) - 1, min(n_states, len(states))).astype(np.int64)
+        x = torch.as_tensor(states[pick], dtype=dtype, device=device)
+        images = [(x[:, perm], 1) for perm in torch.as_tensor(np.asarray(translations))]
+        if spin_flip:
+            images.append((-x, spin_flip))
+        with torch.no_grad():
+            log_psi = evaluate_log_psi(model, x, self.chunk_size)
+            shift = log_psi.real.max()  # compare amplitudes relative to the largest: where
+            psi = torch.exp(log_psi - shift)  # the symmetry forces ψ = 0, ratios are noise
+            for x_g, character in images:
+                psi_g = torch.exp(evaluate_log_psi(model, x_g, self.chunk_size) - shift)
+                if float((psi_g - character * psi).abs().max()) > tolerance:
+                    raise ValueError(
+                        "sampler.sum_over_orbits: the model is not invariant under its "
+                        "symmetry group (translations, spin inversion); set "
+                        "sampler.sum_over_orbits: false"
+                    )
+
     @torch.no_grad()
     def sample(self, model, n_discard: int | None = None) -> Samples:
-        """Returns all states ``(1, D, N)``, their log ψ, and weights ``(1, D)``."""
+        """Returns all states (or one per orbit) ``(1, D, N)``, log ψ, and weights ``(1, D)``."""
         device, dtype = _model_device_dtype(model)
         if self._states is None or self._states.device != device or self._states.dtype != dtype:
             self._states = torch.as_tensor(self._states_np, dtype=dtype, device=device)
         log_psi = evaluate_log_psi(model, self._states, self.chunk_size)
-        weights = torch.softmax(2 * log_psi.real.to(torch.float64), dim=0)
+        log_weights = 2 * log_psi.real.to(torch.float64)
+        if self.reduced:
+            log_weights = log_weights + self._log_sizes.to(log_weights.device)
+        weights = torch.softmax(log_weights, dim=0)
         return Samples(self._states[None], log_psi[None], weights[None], math.nan)
 
     def local_energy(self, hamiltonian, log_psi: torch.Tensor) -> torch.Tensor:
@@ -336,16 +440,19 @@ class ExactSampler:
         ``log_psi`` holds log ψ over the whole sector in ``all_states()`` order (as `sample`
         returns it), so the amplitudes of all connected states are already known: one CSR
         matvec replaces the ``max_conn`` network evaluations per state of `local_energy`.
+        Over orbits, the matrix is ``H`` folded onto the representatives (`_folded`).
         States whose weight underflows (``|ψ(x)|² / max|ψ|² < e^-600``) get ``H_xx``; their
         weight is zero to double precision, and ``Hψ/ψ`` there is not representable.
         """
-        if hamiltonian.hilbert.dimension != self.n_samples:
+        if hamiltonian.hilbert.dimension != self.hilbert.dimension:
             raise ValueError(
                 f"the hamiltonian's sector has {hamiltonian.hilbert.dimension} states, "
-                f"the sampler's {self.n_samples}"
+                f"the sampler's {self.hilbert.dimension}"
             )
         if self._matrix_of is not hamiltonian:
-            self._matrix, self._matrix_of = hamiltonian.to_sparse(), hamiltonian
+            matrix = hamiltonian.to_sparse()
+            self._matrix = self._folded(matrix) if self.reduced else matrix
+            self._matrix_of = hamiltonian
         log_amp = log_psi.detach().reshape(-1).cpu().numpy().astype(np.complex128)
         log_amp = log_amp - log_amp.real.max()
         negligible = log_amp.real < -300.0
@@ -357,6 +464,17 @@ class ExactSampler:
         return (
             torch.as_tensor(e_loc, device=log_psi.device).to(log_psi.dtype).reshape(log_psi.shape)
         )
+
+    def _folded(self, matrix: sp.csr_matrix) -> sp.csr_matrix:
+        """Returns ``H̃ (R, R)`` with ``(Hψ)(r) = Σ_s H̃[r, s] ψ(s)`` over representatives:
+        ``H̃ = (H C)[representatives]``, ``C[x, o(x)] = character[x]`` spreads ψ onto the sector."""
+        orbits = self.orbits
+        on = orbits.orbit >= 0
+        spread = sp.csr_matrix(
+            (orbits.character[on].astype(np.float64), (np.flatnonzero(on), orbits.orbit[on])),
+            shape=(self.hilbert.dimension, len(orbits.representatives)),
+        )
+        return (matrix[orbits.representatives] @ spread).tocsr()
 
     def state_dict(self) -> dict:
         return {}

@@ -90,6 +90,9 @@ def log_derivatives(model, x: torch.Tensor, chunk_size: int | None = None) -> to
 
 
 # ------------------------------------------------------------------ SR solves
+_VOID_WEIGHT = 1e-30  # exact weights below this are rounding residues of ψ = 0
+
+
 def _weights_or_uniform(n_samples: int, weights, device) -> torch.Tensor:
     if weights is not None:
         return weights.reshape(-1).to(torch.float64)
@@ -106,10 +109,17 @@ def _scaled_centred(jac, e_loc, weights):
     matching entry of e), at a quarter of the minSR kernel's cost.
     """
     n_samples = jac.shape[0]
-    parts = [jac.real, jac.imag] if jac.is_complex() else [jac]
     e_loc = e_loc.reshape(-1).to(torch.complex128)
     p = _weights_or_uniform(n_samples, weights, jac.device)
     flat_w = None if weights is None else p
+    if weights is not None:
+        # Where the symmetry makes ψ = 0 (an odd spin-inversion projection on a state that a
+        # translation maps to its inverse), rounding leaves |ψ|² ~ 1e-36 or 0 and
+        # log-derivatives that are not finite. Such a state weighs nothing: drop its row.
+        void = (p < _VOID_WEIGHT) & ~torch.isfinite(jac).all(dim=1)
+        if bool(void.any()):
+            jac = torch.where(void[:, None], torch.zeros((), dtype=jac.dtype), jac)
+    parts = [jac.real, jac.imag] if jac.is_complex() else [jac]
     sqrt_p = p.sqrt()[:, None]
     # real arithmetic written straight into X: no complex temporaries of the (N_s, P) size
     X = torch.empty((len(parts) * n_samples, jac.shape[1]), dtype=torch.float64, device=jac.device)

@@ -79,7 +79,11 @@ def test_spin_flip_alone_wraps_with_the_identity_only():
         (dict(kind="rbm"), SPINS, r"model.kind='rbm'.*\['vit', 'simple_vit', 'jastrow'\]"),
         (dict(attention="sparse"), SPINS, r"model.attention='sparse'.*\['factored', 'full'\]"),
         (dict(embedding="conv"), SPINS, r"model.embedding='conv'.*\['linear', 'onehot'\]"),
-        (dict(symmetrize="all"), SPINS, r"model.symmetrize='all'.*\['none', 'translations'\]"),
+        (
+            dict(symmetrize="all"),
+            SPINS,
+            r"model.symmetrize='all'.*\['none', 'translations', 'space_group'\]",
+        ),
         (dict(spin_flip=2), SPINS, r"model.spin_flip=2.*\[0, 1, -1\]"),
         (dict(spin_flip=1), BOSONS, r"model.spin_flip=1 needs spin-1/2 states at total_sz=0"),
         (dict(spin_flip=1), SpinHalf(16, 1), r"model.spin_flip=1 needs .*total_sz=1.0"),

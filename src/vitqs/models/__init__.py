@@ -3,7 +3,12 @@
 from vitqs.models.build import build_model
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.simple_vit import SimpleViT
-from vitqs.models.symmetrize import Symmetrized, complex_logsumexp, symmetrize_translations
+from vitqs.models.symmetrize import (
+    Symmetrized,
+    complex_logsumexp,
+    invariances,
+    symmetrize_translations,
+)
 from vitqs.models.vit import ViT, log_cosh
 
 __all__ = [
@@ -15,4 +20,5 @@ __all__ = [
     "log_cosh",
     "complex_logsumexp",
     "symmetrize_translations",
+    "invariances",
 ]

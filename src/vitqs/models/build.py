@@ -12,7 +12,7 @@ from vitqs.models.symmetrize import Symmetrized, coset_translations
 from vitqs.models.vit import ATTENTIONS, EMBEDDINGS, HEAD_INIT_STD, ViT
 
 KINDS = ("vit", "simple_vit", "jastrow")
-SYMMETRIZE = ("none", "translations")
+SYMMETRIZE = ("none", "translations", "space_group")
 
 
 def build_model(cfg, lattice, hilbert) -> nn.Module:
@@ -30,15 +30,19 @@ def build_model(cfg, lattice, hilbert) -> nn.Module:
     """
     _check_options(cfg, hilbert)
     model = _build_bare(cfg, lattice, hilbert)
-    if cfg.symmetrize == "translations" or cfg.spin_flip:
+    if cfg.symmetrize != "none" or cfg.spin_flip:
         # A translation-invariant ViT needs one shift per patch coset, not every translation:
         # the same state at a fraction of the cost (4 copies instead of 36 on the 6x6).
-        translations = (
-            coset_translations(model, lattice)
-            if cfg.symmetrize == "translations"
-            else np.arange(lattice.n_sites)[None, :]
+        table = (
+            np.arange(lattice.n_sites)[None, :]
+            if cfg.symmetrize == "none"
+            else coset_translations(model, lattice)
         )
-        model = Symmetrized(model, translations, spin_flip=cfg.spin_flip)
+        group = None  # the lattice translations, or nothing to add
+        if cfg.symmetrize == "space_group":  # each of those shifts after each rotation/reflection
+            table = np.stack([p[t] for t in table for p in lattice.point_group()])
+            group = lattice.space_group()
+        model = Symmetrized(model, table, spin_flip=cfg.spin_flip, group=group)
     return model.double()
 
 

@@ -1,4 +1,5 @@
-"""Projection of a wave function onto the trivial representation of lattice translations."""
+"""Projection of a wave function onto the trivial representation of lattice translations
+(and of the point group), with an optional spin-inversion parity."""
 
 from __future__ import annotations
 
@@ -36,12 +37,16 @@ class Symmetrized(nn.Module):
 
     Args:
         model: maps ``(B, n_sites)`` to complex ``log ψ`` ``(B,)``.
-        translations: ``(n_T, n_sites)`` integer permutations, ``(T_t x)[i] = x[perm_t[i]]``;
-            they must form a group (all translations of the lattice).
+        translations: ``(n_T, n_sites)`` integer permutations, ``(T_t x)[i] = x[perm_t[i]]``:
+            all translations of the lattice, or one per coset of those ``model`` is invariant
+            under; or the same for a larger group (``group``).
         spin_flip: 0 (off), +1 or −1 (eigenvalue of spin inversion to project on).
+        group: ``(n_G, n_sites)``, the group the average is invariant under when it is not
+            the translations (the space group, when ``translations`` holds rotations and
+            reflections too); None for the translations.
     """
 
-    def __init__(self, model: nn.Module, translations, spin_flip: int = 0):
+    def __init__(self, model: nn.Module, translations, spin_flip: int = 0, group=None):
         super().__init__()
         check_choice("spin_flip", spin_flip, (0, 1, -1))
         translations = torch.as_tensor(np.asarray(translations), dtype=torch.long)
@@ -54,6 +59,9 @@ class Symmetrized(nn.Module):
         # a sum of positive terms stays positive; an odd spin-flip projection does not
         self.positive = bool(getattr(model, "positive", False)) and self.spin_flip >= 0
         self.register_buffer("translations", translations, persistent=False)
+        # the permutations ψ_sym is invariant under when they are more than the translations
+        # (`invariances`): the space group, for an average over rotations and reflections too
+        self.group = None if group is None else np.asarray(group)
         # Each spin-inversion sector σ: the factor on x and the phase of its weight s^σ.
         signs = (1.0, -1.0) if spin_flip else (1.0,)
         phases = (0.0, 0.0 if spin_flip > 0 else math.pi) if spin_flip else (0.0,)
@@ -101,6 +109,38 @@ def coset_translations(model: nn.Module, lattice) -> np.ndarray:
     period = getattr(model, "translation_period", None) if lattice.pbc else None
     if period is None:
         return table
-    t = np.arange(len(table))
-    lx = lattice.extent[0]
-    return table[(t % lx < period[0]) & (t // lx < period[1])]
+    dx, dy = _shift_vectors(lattice)
+    return table[(dx < period[0]) & (dy < period[1])]
+
+
+def _shift_vectors(lattice) -> tuple[np.ndarray, np.ndarray]:
+    """Returns the shift ``(dx, dy)`` of each row of ``lattice.translations``."""
+    t = np.arange(len(lattice.translations))
+    return t % lattice.extent[0], t // lattice.extent[0]
+
+
+def invariances(model: nn.Module, lattice) -> tuple[np.ndarray, int]:
+    """Returns the symmetries ``model`` has for every value of its parameters.
+
+    Returns ``(permutations, spin_flip)``:
+    - ``permutations`` ``(n_G, n_sites)``: a group of lattice symmetries with
+      ``ψ(g x) = ψ(x)``. A model averaged over the space group has all of it, one averaged
+      over translations all of these. A translation-invariant ViT or a Jastrow
+      (``translation_period``) has the shifts by whole periods. Any other model has the
+      identity only.
+    - ``spin_flip``: ``s`` with ``ψ(−x) = s ψ(x)`` (±1), or 0 for no such symmetry.
+    """
+    spin_flip = 0
+    if isinstance(model, Symmetrized):
+        spin_flip = model.spin_flip
+        if model.group is not None:
+            return model.group, spin_flip
+        if model.translations.shape[0] > 1:  # one shift per coset: every translation
+            return lattice.translations, spin_flip
+        model = model.model
+    table = lattice.translations
+    period = getattr(model, "translation_period", None) if lattice.pbc else None
+    if period is None:
+        return table[:1], spin_flip
+    dx, dy = _shift_vectors(lattice)
+    return table[(dx % period[0] == 0) & (dy % period[1] == 0)], spin_flip
