@@ -15,6 +15,7 @@ Rules (Hilbert-space sectors are conserved by construction):
 `ExactSampler` enumerates the sector and returns every state with weight ``|ψ|²/Σ|ψ|²``,
 for full-sum expectation values on small sectors. Its local energies come from one sparse
 matrix-vector product ``(Hψ)(x)/ψ(x)`` over the sector, with no further network evaluation.
+For a model with symmetries it sums over one state per orbit instead (`sector_orbits`).
 """
 
 from __future__ import annotations
@@ -319,17 +320,18 @@ class SectorOrbits:
     character: np.ndarray
 
 
-def sector_orbits(hilbert, translations, spin_flip: int = 0) -> SectorOrbits:
-    """Returns the orbits of the group ``translations × {1, spin inversion}`` on the sector.
+def sector_orbits(hilbert, permutations, spin_flip: int = 0) -> SectorOrbits:
+    """Returns the orbits of the group ``permutations × {1, spin inversion}`` on the sector.
 
     Args:
         hilbert: a Hilbert space with ``all_states()`` and ``state_index``.
-        translations: ``(n_T, n_sites)`` permutations forming a group, ``(T x)[i] = x[perm[i]]``.
-        spin_flip: ``s`` of ``ψ(−x) = s ψ(x)`` (±1), or 0 for translations alone.
+        permutations: ``(n_G, n_sites)`` lattice symmetries forming a group (translations,
+            or the space group), ``(g x)[i] = x[perm[i]]``.
+        spin_flip: ``s`` of ``ψ(−x) = s ψ(x)`` (±1), or 0 for the permutations alone.
     """
     states = hilbert.all_states()
     images, characters = [], []
-    for perm in np.asarray(translations):
+    for perm in np.asarray(permutations):
         images.append(hilbert.state_index(states[:, perm]))
         characters.append(1)
         if spin_flip:
@@ -366,7 +368,7 @@ class ExactSampler:
     Args:
         hilbert: a Hilbert space with ``all_states()``.
         chunk_size: states per forward pass; None for one pass.
-        symmetry: ``(translations, spin_flip)`` under which ψ is invariant for every
+        symmetry: ``(permutations, spin_flip)`` under which ψ is invariant for every
             parameter value (`models.symmetrize.invariances`), or None: every state.
     """
 
@@ -400,12 +402,12 @@ class ExactSampler:
         a sum over orbits is wrong otherwise."""
         if not self.reduced:
             return
-        translations, spin_flip = self.symmetry
+        permutations, spin_flip = self.symmetry
         device, dtype = _model_device_dtype(model)
         states = self.hilbert.all_states()
         pick = np.linspace(0, len(states) - 1, min(n_states, len(states))).astype(np.int64)
         x = torch.as_tensor(states[pick], dtype=dtype, device=device)
-        images = [(x[:, perm], 1) for perm in torch.as_tensor(np.asarray(translations))]
+        images = [(x[:, perm], 1) for perm in torch.as_tensor(np.asarray(permutations))]
         if spin_flip:
             images.append((-x, spin_flip))
         with torch.no_grad():
@@ -417,7 +419,7 @@ class ExactSampler:
                 if float((psi_g - character * psi).abs().max()) > tolerance:
                     raise ValueError(
                         "sampler.sum_over_orbits: the model is not invariant under its "
-                        "symmetry group (translations, spin inversion); set "
+                        "symmetry group (lattice symmetries, spin inversion); set "
                         "sampler.sum_over_orbits: false"
                     )
 
