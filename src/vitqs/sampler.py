@@ -404,7 +404,7 @@ class ExactSampler:
             return
         permutations, spin_flip = self.symmetry
         device, dtype = _model_device_dtype(model)
-        states = self.hilbert.all_states()
+        states = self._states_np  # one per orbit: any states will do for the check
         pick = np.linspace(0, len(states) - 1, min(n_states, len(states))).astype(np.int64)
         x = torch.as_tensor(states[pick], dtype=dtype, device=device)
         images = [(x[:, perm], 1) for perm in torch.as_tensor(np.asarray(permutations))]

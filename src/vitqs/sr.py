@@ -116,9 +116,12 @@ def _scaled_centred(jac, e_loc, weights):
         # Where the symmetry makes ψ = 0 (an odd spin-inversion projection on a state that a
         # translation maps to its inverse), rounding leaves |ψ|² ~ 1e-36 or 0 and
         # log-derivatives that are not finite. Such a state weighs nothing: drop its row.
-        void = (p < _VOID_WEIGHT) & ~torch.isfinite(jac).all(dim=1)
-        if bool(void.any()):
-            jac = torch.where(void[:, None], torch.zeros((), dtype=jac.dtype), jac)
+        # (only the rows of negligible weight are scanned: this runs on every full-sum step)
+        tiny = torch.nonzero(p < _VOID_WEIGHT).reshape(-1)
+        void = tiny[~torch.isfinite(jac[tiny]).all(dim=1)]
+        if len(void):
+            jac = jac.clone()
+            jac[void] = 0
     parts = [jac.real, jac.imag] if jac.is_complex() else [jac]
     sqrt_p = p.sqrt()[:, None]
     # real arithmetic written straight into X: no complex temporaries of the (N_s, P) size

@@ -40,7 +40,8 @@ def build_model(cfg, lattice, hilbert) -> nn.Module:
         )
         group = None  # the lattice translations, or nothing to add
         if cfg.symmetrize == "space_group":  # each of those shifts after each rotation/reflection
-            table = np.stack([p[t] for t in table for p in lattice.point_group()])
+            points = lattice.point_group()
+            table = np.stack([p[t] for t in table for p in points])
             group = lattice.space_group()
         model = Symmetrized(model, table, spin_flip=cfg.spin_flip, group=group)
     return model.double()
