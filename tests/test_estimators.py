@@ -7,6 +7,7 @@ from _vmc_helpers import ComplexRBM, LookupTable, exact_ground_state, model_vect
 
 from vitqs.estimators import (
     Stats,
+    distinct_rows,
     evaluate_log_psi,
     local_energy,
     sample_mean,
@@ -203,3 +204,35 @@ def test_forward_passes_are_bounded_without_a_chunk_size(monkeypatch):
     assert max(batches) == 7
     whole = local_energy(hamiltonian, model, x, chunk_size=1000)
     torch.testing.assert_close(bounded, whole, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "n_sites"),
+    [(-1, 1, 16), (0, 12, 12), (0, 99, 12)],  # spins, bosons, too wide for one int64 code
+    ids=["spins", "bosons", "wide"],
+)
+def test_distinct_rows_rebuild_the_batch(low, high, n_sites):
+    generator = torch.Generator().manual_seed(3)
+    pool = torch.randint(low, high + 1, (9, n_sites), generator=generator).to(torch.float64)
+    x = pool[torch.randint(0, 9, (200,), generator=generator)]  # (200, N), rows repeat
+    rows = distinct_rows(x)
+    assert rows.n_distinct == len(torch.unique(x, dim=0))
+    assert torch.equal(rows.x[rows.inverse], x)
+    assert torch.equal(rows.counts, torch.bincount(rows.inverse, minlength=rows.n_distinct))
+    for k in range(rows.n_distinct):  # first: where each distinct row occurs first
+        where = (x == rows.x[k]).all(dim=1).nonzero()[:, 0]
+        assert int(rows.first[k]) == int(where[0])
+
+
+@pytest.mark.parametrize("name", ["heisenberg_square_sz1", "bose_hubbard"])
+def test_local_energies_of_repeated_configurations_equal_row_by_row_ones(name):
+    # repeated rows are evaluated once and copied: each must equal its own evaluation
+    hamiltonian = HAMILTONIANS[name]()
+    model = ComplexRBM(hamiltonian.n_sites, seed=8, scale=0.3)
+    states = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)[:5]
+    x = states[torch.tensor([0, 3, 0, 1, 3, 3, 4, 0, 2, 1])].reshape(2, 5, -1)
+    e_loc = local_energy(hamiltonian, model, x)
+    assert e_loc.shape == (2, 5)
+    rows = x.reshape(10, -1)
+    one_by_one = torch.stack([local_energy(hamiltonian, model, row[None])[0] for row in rows])
+    torch.testing.assert_close(e_loc.reshape(-1), one_by_one, rtol=1e-12, atol=1e-12)

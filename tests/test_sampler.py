@@ -60,6 +60,41 @@ def test_chains_stay_in_the_sector(case):
         )
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("single_thread")
+def test_chains_started_on_one_configuration_sample_the_exact_distribution():
+    """Chains that share their configuration evaluate each distinct proposal once; the
+    histogram after thermalisation is still |ψ|²/Σ|ψ|²."""
+    hamiltonian = BoseHubbard(Lattice((4,)), n_particles=4)
+    hilbert = hamiltonian.hilbert
+    model = ComplexRBM(4, n_hidden=4, scale=0.15, seed=3)
+    n_chains = 10000
+    sampler = MetropolisSampler(hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30)
+    filling = torch.ones((n_chains, 4), dtype=torch.float64)  # every chain on |1111⟩
+    sampler.load_state_dict(
+        {"chains": filling, "generator": torch.Generator().manual_seed(7).get_state()}
+    )
+    samples = sampler.sample(model)
+    counts = np.bincount(hilbert.state_index(samples.x[:, 0]), minlength=hilbert.dimension)
+    probabilities = np.abs(model_vector(model, hilbert)) ** 2
+    expected = n_chains * probabilities / probabilities.sum()
+    assert chisquare(counts, expected).pvalue > P_VALUE_THRESHOLD
+
+
+def test_distinct_proposals_get_the_log_psi_of_every_proposal():
+    # hop proposals on a 5-site chain holding 5 bosons, half of them the same filling
+    model = ComplexRBM(5, seed=2, scale=0.3)
+    x = torch.tensor([[1, 1, 1, 1, 1], [2, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 5, 0, 0]] * 4)
+    x_new = x.to(torch.float64)[torch.randperm(16, generator=torch.Generator().manual_seed(1))]
+    valid = torch.arange(16) % 3 != 0
+    log_psi = torch.full((16,), 0.5 + 0.25j, dtype=torch.complex128)
+    plain = MetropolisSampler._log_psi_of_valid(model, x_new, valid, log_psi, distinct=False)
+    distinct = MetropolisSampler._log_psi_of_valid(model, x_new, valid, log_psi, distinct=True)
+    torch.testing.assert_close(distinct, plain, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(distinct[valid], model(x_new[valid]).to(torch.complex128))
+    assert torch.equal(distinct[~valid], log_psi[~valid])
+
+
 def test_state_dict_resumes_the_same_chains():
     hamiltonian = Heisenberg(Lattice((6,)))
     model = ComplexRBM(6, seed=2)

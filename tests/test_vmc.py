@@ -6,10 +6,18 @@ import pytest
 import torch
 from _vmc_helpers import ComplexRBM, exact_ground_state, single_thread  # noqa: F401
 
+from vitqs.estimators import evaluate_log_psi, local_energy, statistics
 from vitqs.lattice import Lattice
 from vitqs.operators import BoseHubbard, Heisenberg
-from vitqs.sampler import ExactSampler, MetropolisSampler
-from vitqs.sr import parameter_vector
+from vitqs.sampler import ExactSampler, MetropolisSampler, Samples
+from vitqs.sr import (
+    Adam,
+    clip_local_energy,
+    energy_gradient,
+    log_derivatives,
+    natural_gradient,
+    parameter_vector,
+)
 from vitqs.vmc import VMC, NonFiniteEnergyError, OptimizerSettings, final_estimate, optimize
 
 
@@ -228,6 +236,42 @@ def test_clipping_changes_the_step_but_not_the_measured_energy():
     assert cut_energy.error_of_mean == plain_energy.error_of_mean
     with pytest.raises(ValueError, match="optimizer.clip_local_energy"):
         OptimizerSettings(clip_local_energy=-1.0)
+
+
+class FixedSampler:
+    """Returns the same Monte Carlo samples at every call."""
+
+    def __init__(self, x, model):
+        log_psi = evaluate_log_psi(model, x.reshape(-1, x.shape[-1])).reshape(x.shape[:-1])
+        self.samples = Samples(x, log_psi, None, 0.5)
+
+    def sample(self, model):
+        return self.samples
+
+
+@pytest.mark.parametrize("method", ["sr", "minsr", "adam"])
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_a_step_on_repeated_samples_equals_the_step_over_every_row(method, clip):
+    # The step takes each distinct configuration once, weighted by its count: S, F and the
+    # minSR kernel solve must give the update of all rows with weight 1/N_s, clipping included.
+    hamiltonian = BoseHubbard(Lattice((4,)), U=6.0, n_particles=4)
+    model = ComplexRBM(4, n_hidden=6, scale=0.3, seed=9)
+    states = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    pick = torch.tensor([0, 5, 0, 0, 7, 5, 1, 0, 9, 7, 0, 5, 2, 0, 0, 3, 5, 0, 1, 0])
+    x = states[pick].reshape(4, 5, 4)  # (chains, per chain, sites): 7 distinct of 20
+    e_loc = local_energy(hamiltonian, model, x).reshape(-1)
+    e_force = e_loc if clip is None else clip_local_energy(e_loc, clip)
+    jac = log_derivatives(model, x.reshape(20, 4))  # every row, weight 1/20
+    if method == "adam":
+        expected = Adam().direction(energy_gradient(jac, e_force))
+    else:
+        expected = natural_gradient(jac, e_force, diag_shift=1e-3, method=method)
+    theta = parameter_vector(model)
+    settings = OptimizerSettings(method=method, lr=0.1, diag_shift=1e-3, clip_local_energy=clip)
+    result = VMC(hamiltonian, model, FixedSampler(x, model), settings).step()
+    expected_theta = theta - 0.1 * expected
+    torch.testing.assert_close(parameter_vector(model), expected_theta, rtol=1e-10, atol=1e-12)
+    assert result.energy.mean == statistics(e_loc.reshape(4, 5)).mean
 
 
 @pytest.mark.usefixtures("single_thread")

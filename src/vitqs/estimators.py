@@ -48,6 +48,58 @@ def sample_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> to
 DEFAULT_CHUNK_SIZE = 16384
 
 
+@dataclass(frozen=True)
+class DistinctRows:
+    """The distinct configurations of a batch and where each row of the batch went.
+
+    Attributes:
+        x: distinct configurations ``(U, N)``.
+        inverse: ``(B,)`` index into ``x`` of each row of the batch: ``batch = x[inverse]``.
+        first: ``(U,)`` index of the first row of the batch equal to each distinct one.
+        counts: ``(U,)`` rows of the batch equal to each distinct one.
+    """
+
+    x: torch.Tensor
+    inverse: torch.Tensor
+    first: torch.Tensor
+    counts: torch.Tensor
+
+    @property
+    def n_distinct(self) -> int:
+        return self.x.shape[0]
+
+
+# the largest number of distinct configurations that one int64 code per row tells apart
+_MAX_CODES = 2**62
+
+
+def distinct_rows(x: torch.Tensor) -> DistinctRows:
+    """Returns the distinct rows of configurations ``x`` ``(B, N)`` (integer-valued entries).
+
+    A sampled distribution concentrated on few configurations (a Mott insulator: the
+    sampler sits on the uniform filling most of the time) repeats rows; whatever is a
+    function of the configuration alone (log ψ, local energies, log-derivatives) needs
+    computing once per distinct row. Rows are packed into one int64 code each,
+    ``Σ_i (x_i − min) b^i`` with ``b`` the range of values + 1, when ``b^N`` fits: a 1-d
+    unique is ~10x faster than ``torch.unique(dim=0)``, which is the fallback.
+    """
+    batch = torch.arange(x.shape[0], device=x.device)
+    if x.shape[0] == 0:
+        empty = batch[:0]
+        return DistinctRows(x, empty, empty, empty)
+    low, high = float(x.min()), float(x.max())
+    base = int(high - low) + 1
+    if base ** x.shape[1] <= _MAX_CODES:
+        powers = base ** torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
+        codes = ((x - low).round().to(torch.int64) * powers).sum(dim=1)  # (B,)
+        _, inverse, counts = torch.unique(codes, return_inverse=True, return_counts=True)
+    else:
+        _, inverse, counts = torch.unique(x, dim=0, return_inverse=True, return_counts=True)
+    first = torch.full((len(counts),), x.shape[0], device=x.device, dtype=batch.dtype)
+    first = first.scatter_reduce(0, inverse, batch, reduce="amin")
+    return DistinctRows(x[first], inverse, first, counts)
+
+
 def evaluate_log_psi(model, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
     """Returns the complex ``log ψ(x)`` ``(B,)`` of configurations ``(B, N)``, in chunks of
     ``chunk_size`` (None: ``DEFAULT_CHUNK_SIZE``) configurations per forward pass.
@@ -107,7 +159,8 @@ def local_energy(
 
     ``E_loc(x) = Σ_x' H_{xx'} exp(log ψ(x') − log ψ(x))`` over the connected configurations of
     ``hamiltonian.get_conn_padded``. The diagonal needs no network; log ψ is evaluated only
-    on off-diagonal configurations with a non-zero element, in one batch per chunk.
+    on off-diagonal configurations with a non-zero element, in one batch per chunk, and
+    only once for configurations that occur several times in ``x`` (`distinct_rows`).
 
     Args:
         hamiltonian: follows the operator contract (``get_conn_padded``).
@@ -119,6 +172,11 @@ def local_energy(
     """
     batch_shape, n_sites = x.shape[:-1], x.shape[-1]
     x = x.reshape(-1, n_sites)
+    rows = distinct_rows(x)
+    if rows.n_distinct < x.shape[0]:  # each distinct configuration once
+        log_psi = None if log_psi is None else log_psi.reshape(-1)[rows.first]
+        e_loc = local_energy(hamiltonian, model, rows.x, log_psi, chunk_size)
+        return e_loc[rows.inverse].reshape(batch_shape)
     log_psi = evaluate_log_psi(model, x, chunk_size) if log_psi is None else log_psi.reshape(-1)
     step = x.shape[0] if chunk_size is None else chunk_size
     parts = [

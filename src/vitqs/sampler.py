@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vitqs.estimators import evaluate_log_psi, reduce_sum
+from vitqs.estimators import distinct_rows, evaluate_log_psi, reduce_sum
 from vitqs.hilbert import Bosons, SpinHalf
 
 RULES = ("auto", "exchange", "exchange_global", "hop")
@@ -178,8 +179,12 @@ class MetropolisSampler:
         x = self._chains
         log_psi = evaluate_log_psi(model, x)  # cached for the current chain states
         accepted = torch.zeros((), dtype=torch.int64, device=device)
+        # chains that share their configurations propose the same moves: evaluate each
+        # distinct proposal once (worth its cost only then; decided from the chain states)
+        distinct = device.type == "cpu" and 2 * distinct_rows(x).n_distinct < self.n_chains
+        step = partial(self._metropolis_step, model, distinct=distinct)
         for _ in range(n_discard * self.sweep_size):
-            x, log_psi, accepted = self._metropolis_step(model, x, log_psi, accepted)
+            x, log_psi, accepted = step(x, log_psi, accepted)
         samples_x = torch.empty(
             (self.n_chains, self.n_per_chain, self.n_sites), dtype=dtype, device=device
         )
@@ -188,7 +193,7 @@ class MetropolisSampler:
         )
         for s in range(self.n_per_chain):
             for _ in range(self.sweep_size):
-                x, log_psi, accepted = self._metropolis_step(model, x, log_psi, accepted)
+                x, log_psi, accepted = step(x, log_psi, accepted)
             samples_x[:, s] = x
             samples_log_psi[:, s] = log_psi
         self._chains = x
@@ -200,9 +205,9 @@ class MetropolisSampler:
         acceptance = float(total[0] / total[1])  # the one host-device sync of the call
         return Samples(samples_x, samples_log_psi, None, acceptance)
 
-    def _metropolis_step(self, model, x, log_psi, accepted):
+    def _metropolis_step(self, model, x, log_psi, accepted, *, distinct=False):
         x_new, valid = self._propose(x)
-        log_psi_new = self._log_psi_of_valid(model, x_new, valid, log_psi)
+        log_psi_new = self._log_psi_of_valid(model, x_new, valid, log_psi, distinct)
         log_ratio = 2 * (log_psi_new - log_psi).real
         log_u = torch.log(torch.rand(x.shape[0], generator=self._generator, device=x.device))
         accept = valid & (log_u < log_ratio)  # NaN ratios compare False: rejected
@@ -229,18 +234,24 @@ class MetropolisSampler:
         return x_new, valid[:, 0]
 
     @staticmethod
-    def _log_psi_of_valid(model, x_new, valid, log_psi):
+    def _log_psi_of_valid(model, x_new, valid, log_psi, distinct=False):
         """Returns log ψ of the proposals ``(C,)``; rows of invalid moves keep ``log_psi``.
 
         On CPU only the valid proposals go through the network (an exchange of two equal
         spins or a hop from an empty site is rejected anyway; about half the proposals near
-        a Néel-like state), so the forward pass shrinks with them. On other devices every
-        proposal is evaluated: compacting would need the count of valid moves on the host,
-        a device sync per Metropolis step.
+        a Néel-like state), so the forward pass shrinks with them; with ``distinct``, only
+        the distinct ones (in a Mott insulator most chains sit on the uniform filling and
+        propose the same few hops). On other devices every proposal is evaluated:
+        compacting would need the count of valid moves on the host, a device sync per
+        Metropolis step.
         """
         if x_new.device.type != "cpu":
             return evaluate_log_psi(model, x_new)
         rows = valid.nonzero()[:, 0]  # (V,)
+        if distinct:
+            proposals = distinct_rows(x_new[rows])
+            log_psi_new = evaluate_log_psi(model, proposals.x)[proposals.inverse]  # (V,)
+            return log_psi.index_put((rows,), log_psi_new.to(log_psi.dtype))
         if len(rows) == len(valid):
             return evaluate_log_psi(model, x_new)
         return log_psi.index_put((rows,), evaluate_log_psi(model, x_new[rows]).to(log_psi.dtype))

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitqs.estimators import Stats, local_energy, statistics
+from vitqs.estimators import Stats, distinct_rows, local_energy, reduce_sum, statistics
 from vitqs.sampler import ExactSampler, Samples
 from vitqs.sr import (
     METHODS,
@@ -250,25 +250,25 @@ class VMC:
 
     def _update(self, samples: Samples, e_loc, diag_shift, timings) -> torch.Tensor:
         """Returns the direction ``g`` (apply ``θ ← θ − η g``), float64 ``(P,)``."""
+        x, weights = samples.x.reshape(-1, samples.x.shape[-1]), samples.weights
+        e_loc = e_loc.reshape(-1)
+        width = self.settings.clip_local_energy
+        if weights is None:
+            if width is not None:
+                e_loc = clip_local_energy(e_loc, width)
+            x, e_loc, weights = _distinct_samples(x, e_loc)
+        else:
+            weights = weights.reshape(-1)
         start = time.perf_counter()
-        x = samples.x.reshape(-1, samples.x.shape[-1])
         jac = log_derivatives(self.model, x, self.chunk_size)  # (N_s, P)
         timings["jacobian"] = _lap(start)
         start = time.perf_counter()
-        weights = None if samples.weights is None else samples.weights.reshape(-1)
-        width = self.settings.clip_local_energy
-        if width is not None and weights is None:
-            e_loc = clip_local_energy(e_loc, width)
         if self.adam is None:
             update = natural_gradient(
-                jac,
-                e_loc.reshape(-1),
-                diag_shift=diag_shift,
-                weights=weights,
-                method=self.settings.method,
+                jac, e_loc, diag_shift=diag_shift, weights=weights, method=self.settings.method
             )
         else:
-            update = self.adam.direction(energy_gradient(jac, e_loc.reshape(-1), weights))
+            update = self.adam.direction(energy_gradient(jac, e_loc, weights))
         timings["solve"] = _lap(start)
         return update
 
@@ -344,6 +344,19 @@ def sample_local_energy(hamiltonian, model, sampler, samples: Samples, chunk_siz
     if isinstance(sampler, ExactSampler):
         return sampler.local_energy(hamiltonian, samples.log_psi)
     return local_energy(hamiltonian, model, samples.x, samples.log_psi, chunk_size)
+
+
+def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor):
+    """Returns the distinct configurations of Monte Carlo samples, their local energies and
+    weights ``count / N_s``: the same S and F as the ``N_s`` rows of equal weight ``1/N_s``
+    (a repeated row adds its outer product ``count`` times), at one log-derivative and one
+    kernel row per distinct configuration. A Mott insulator's samples repeat the uniform
+    filling most of the time (~100 distinct of 1,024 at U = 10 on 12 sites).
+    """
+    rows = distinct_rows(x)
+    n_samples = reduce_sum(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
+    weights = rows.counts.to(torch.float64) / n_samples
+    return rows.x, e_loc[rows.first], weights
 
 
 def _lap(start: float) -> float:
