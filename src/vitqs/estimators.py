@@ -53,10 +53,10 @@ class DistinctRows:
     """The distinct configurations of a batch and where each row of the batch went.
 
     Attributes:
-        x: distinct configurations ``(U, N)``.
+        x: distinct configurations ``(D, N)``.
         inverse: ``(B,)`` index into ``x`` of each row of the batch: ``batch = x[inverse]``.
-        first: ``(U,)`` index of the first row of the batch equal to each distinct one.
-        counts: ``(U,)`` rows of the batch equal to each distinct one.
+        first: ``(D,)`` index of the first row of the batch equal to each distinct one.
+        counts: ``(D,)`` rows of the batch equal to each distinct one.
     """
 
     x: torch.Tensor
