@@ -172,18 +172,25 @@ def local_energy(
     """
     batch_shape, n_sites = x.shape[:-1], x.shape[-1]
     x = x.reshape(-1, n_sites)
+    log_psi = None if log_psi is None else log_psi.reshape(-1)
     rows = distinct_rows(x)
-    if rows.n_distinct < x.shape[0]:  # each distinct configuration once
-        log_psi = None if log_psi is None else log_psi.reshape(-1)[rows.first]
-        e_loc = local_energy(hamiltonian, model, rows.x, log_psi, chunk_size)
-        return e_loc[rows.inverse].reshape(batch_shape)
-    log_psi = evaluate_log_psi(model, x, chunk_size) if log_psi is None else log_psi.reshape(-1)
+    if rows.n_distinct == x.shape[0]:
+        return _local_energy_of_rows(hamiltonian, model, x, log_psi, chunk_size).reshape(
+            batch_shape
+        )
+    log_psi = None if log_psi is None else log_psi[rows.first]  # each distinct one once
+    e_loc = _local_energy_of_rows(hamiltonian, model, rows.x, log_psi, chunk_size)
+    return e_loc[rows.inverse].reshape(batch_shape)
+
+
+def _local_energy_of_rows(hamiltonian, model, x, log_psi, chunk_size):
+    log_psi = evaluate_log_psi(model, x, chunk_size) if log_psi is None else log_psi
     step = x.shape[0] if chunk_size is None else chunk_size
     parts = [
         _local_energy_chunk(hamiltonian, model, x[s : s + step], log_psi[s : s + step])
         for s in range(0, x.shape[0], step)
     ]
-    return torch.cat(parts).reshape(batch_shape)
+    return torch.cat(parts)
 
 
 def _local_energy_chunk(hamiltonian, model, x, log_psi):
