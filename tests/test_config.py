@@ -130,6 +130,11 @@ BAD = {
         ),
         "optimizer.clip_local_energy=5.0 needs sampler.kind=metropolis",
     ),
+    "sampler_dtype": (lambda d: d["sampler"].update(dtype="float16"), "sampler.dtype"),
+    "sampler_dtype_full_sum": (
+        lambda d: d["sampler"].update(dtype="float32", kind="full_sum"),
+        "sampler.dtype=float32 needs sampler.kind=metropolis",
+    ),
     "anneal_not_mapping": (
         lambda d: d["optimizer"].update(anneal_from=0.5, anneal_until=0.3),
         "optimizer.anneal_from=0.5 (float) must be a mapping",

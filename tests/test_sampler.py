@@ -81,6 +81,47 @@ def test_chains_started_on_one_configuration_sample_the_exact_distribution():
     assert chisquare(counts, expected).pvalue > P_VALUE_THRESHOLD
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("single_thread")
+def test_float32_chains_of_a_float64_model_sample_the_exact_distribution():
+    """Chains run on a float32 copy of the network; the histogram is still |ψ|²/Σ|ψ|² of
+    the float64 model, and the samples' log ψ are the float64 model's."""
+    hamiltonian = BoseHubbard(Lattice((4,)), n_particles=4)
+    hilbert = hamiltonian.hilbert
+    model = ComplexRBM(4, n_hidden=4, scale=0.15, seed=3)
+    n_chains = 10000
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, seed=7,
+        dtype=torch.float32,
+    )  # fmt: skip
+    samples = sampler.sample(model)
+    counts = np.bincount(hilbert.state_index(samples.x[:, 0]), minlength=hilbert.dimension)
+    probabilities = np.abs(model_vector(model, hilbert)) ** 2
+    expected = n_chains * probabilities / probabilities.sum()
+    assert chisquare(counts, expected).pvalue > P_VALUE_THRESHOLD
+    with torch.no_grad():
+        exact = model(samples.x[:, 0])
+    torch.testing.assert_close(samples.log_psi[:, 0], exact, rtol=0, atol=1e-12)
+
+
+def test_float32_chain_network_follows_the_model_parameters():
+    hamiltonian = BoseHubbard(Lattice((5,)), n_particles=5)
+    model = ComplexRBM(5, seed=2, scale=0.3)
+    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=16, seed=1, dtype=torch.float32)
+    samples = sampler.sample(model)
+    assert samples.log_psi.dtype == torch.complex128
+    x = samples.x.reshape(-1, 5)
+    with torch.no_grad():
+        model.w_re.add_(0.5)  # an optimiser step
+        network = sampler._network_of_chains(model)
+        assert next(network.parameters()).dtype == torch.float32
+        torch.testing.assert_close(network(x).to(torch.complex128), model(x), rtol=1e-5, atol=1e-5)
+        again = sampler.sample(model)
+        torch.testing.assert_close(
+            again.log_psi.reshape(-1), model(again.x.reshape(-1, 5)), rtol=0, atol=1e-12
+        )
+
+
 def test_distinct_proposals_get_the_log_psi_of_every_proposal():
     # hop proposals on a 5-site chain holding 5 bosons, half of them the same filling
     model = ComplexRBM(5, seed=2, scale=0.3)
@@ -95,14 +136,16 @@ def test_distinct_proposals_get_the_log_psi_of_every_proposal():
     assert torch.equal(distinct[~valid], log_psi[~valid])
 
 
-def test_state_dict_resumes_the_same_chains():
+@pytest.mark.parametrize("dtype", [None, torch.float32])
+def test_state_dict_resumes_the_same_chains(dtype):
     hamiltonian = Heisenberg(Lattice((6,)))
     model = ComplexRBM(6, seed=2)
-    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=5)
+    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=5, dtype=dtype)
     sampler.sample(model)
     state = sampler.state_dict()
     first = sampler.sample(model).x
-    restored = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=99)
+    model = ComplexRBM(6, seed=2)  # rebuilt, as on a resume
+    restored = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=99, dtype=dtype)
     restored.load_state_dict(state)
     assert torch.equal(restored.sample(model).x, first)
 
@@ -137,6 +180,7 @@ def test_exact_sampler_weights_are_normalised_born_probabilities():
         ({"n_samples": 8, "n_chains": 4, "rule": "flip"}, "rule"),
         ({"n_samples": 8, "n_chains": 4, "sweep_size": 0}, "sweep_size"),
         ({"n_samples": 8, "n_chains": 4, "n_discard": -1}, "n_discard"),
+        ({"n_samples": 8, "n_chains": 4, "dtype": torch.float16}, "dtype"),
     ],
 )
 def test_bad_settings_raise_with_the_config_key(kwargs, key):

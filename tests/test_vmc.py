@@ -163,13 +163,16 @@ def test_non_finite_update_is_not_applied(monkeypatch):
     assert all(torch.isfinite(parameter_vector(model)))
 
 
+@pytest.mark.parametrize("chain_dtype", [None, torch.float32])
 @pytest.mark.usefixtures("single_thread")
-def test_checkpoint_resumes_the_same_trajectory():
+def test_checkpoint_resumes_the_same_trajectory(chain_dtype):
     hamiltonian = Heisenberg(Lattice((6,)))
 
     def build():
         model = ComplexRBM(6, seed=8)
-        sampler = MetropolisSampler(hamiltonian, n_samples=64, n_chains=16, seed=9)
+        sampler = MetropolisSampler(
+            hamiltonian, n_samples=64, n_chains=16, seed=9, dtype=chain_dtype
+        )
         settings = OptimizerSettings(method="adam", lr=0.01, n_iter=10)
         return model, sampler, VMC(hamiltonian, model, sampler, settings)
 

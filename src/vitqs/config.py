@@ -232,6 +232,9 @@ class SamplerConfig:
     n_discard: int = option(16, integer(0))
     rule: str = option("auto", choice("auto", "exchange", "exchange_global", "hop"))
     chunk_size: int | None = option(None, optional(integer(1)))
+    # precision of the network copy the Metropolis chains run on (null: the model's dtype);
+    # local energies, gradients and SR keep the model's dtype (sampler.py)
+    dtype: str | None = option(None, optional(choice("float64", "float32")))
     # more samples late in the run: n_samples_late per step once late_fraction of n_iter (or
     # of optimizer.max_seconds, whichever comes first) has passed
     n_samples_late: int | None = option(None, optional(integer(1)))
@@ -432,6 +435,11 @@ def _check_consistency(config: Config) -> None:
             f"optimizer.clip_local_energy={config.optimizer.clip_local_energy} needs "
             f"sampler.kind=metropolis, not {config.sampler.kind!r}: a full sum's gradient "
             "is exact and has no outliers to cut"
+        )
+    if config.sampler.dtype is not None and config.sampler.kind != "metropolis":
+        raise ConfigError(
+            f"sampler.dtype={config.sampler.dtype} needs sampler.kind=metropolis, not "
+            f"{config.sampler.kind!r}: a full sum runs no chains"
         )
     late, chains = config.sampler.n_samples_late, config.sampler.n_chains
     if late is not None and late % chains:

@@ -129,6 +129,7 @@ def build_sampler(config: Config, hamiltonian, model=None):
             n_discard=cfg.n_discard,
             rule=cfg.rule,
             seed=config.seed + 1,
+            dtype=None if cfg.dtype is None else getattr(torch, cfg.dtype),
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None

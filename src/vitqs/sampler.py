@@ -12,6 +12,12 @@ Rules (Hilbert-space sectors are conserved by construction):
   empty source or a full target (``n_max``) makes a rejected move.
 - ``auto``: ``exchange`` for spins, ``hop`` for bosons.
 
+With ``dtype=torch.float32`` the chains run on a float32 copy of a float64 network (its
+parameters copied at every call): ~3x faster proposals on CPU, where float64 ``erf`` (GELU)
+is not vectorised. The chains then sample ``|ψ|²`` of the float32 copy, whose ``log ψ``
+differs by ~1e-7 relative; the kept samples get their ``log ψ`` from the float64 network,
+so local energies and gradients are computed in full precision.
+
 `ExactSampler` enumerates the sector and returns every state with weight ``|ψ|²/Σ|ψ|²``,
 for full-sum expectation values on small sectors. Its local energies come from one sparse
 matrix-vector product ``(Hψ)(x)/ψ(x)`` over the sector, with no further network evaluation.
@@ -20,6 +26,7 @@ For a model with symmetries it sums over one state per orbit instead (`sector_or
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -83,6 +90,8 @@ class MetropolisSampler:
             parameter update).
         rule: ``auto`` | ``exchange`` | ``exchange_global`` | ``hop``.
         seed: seeds the sampler's ``torch.Generator`` (chain initialisation and moves).
+        dtype: precision of the network copy that computes the acceptance ratios; None: the
+            model itself. The samples' ``log ψ`` always come from the model.
     """
 
     def __init__(
@@ -95,6 +104,7 @@ class MetropolisSampler:
         n_discard: int = 5,
         rule: str = "auto",
         seed: int = 0,
+        dtype: torch.dtype | None = None,
     ):
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
@@ -106,6 +116,10 @@ class MetropolisSampler:
         self.rule = _resolve_rule(rule, self.hilbert)
         self._moves = _move_table(self.rule, hamiltonian)  # (n_moves, 2) int64
         self.seed = int(seed)
+        if dtype not in (None, torch.float32, torch.float64):
+            raise ValueError(f"sampler.dtype={dtype} is not one of [null, float32, float64]")
+        self.dtype = dtype
+        self._chain_network: tuple | None = None  # (model, its copy in self.dtype)
         self._generator: torch.Generator | None = None
         self._chains: torch.Tensor | None = None
         self._pending_state: dict | None = None
@@ -176,13 +190,14 @@ class MetropolisSampler:
         device, dtype = _model_device_dtype(model)
         self._initialise(device, dtype)
         n_discard = self.n_discard if n_discard is None else n_discard
+        network = self._network_of_chains(model)
         x = self._chains
-        log_psi = evaluate_log_psi(model, x)  # cached for the current chain states
+        log_psi = evaluate_log_psi(network, x)  # cached for the current chain states
         accepted = torch.zeros((), dtype=torch.int64, device=device)
         # chains that share their configurations propose the same moves: evaluate each
         # distinct proposal once (worth its cost only then; decided from the chain states)
         distinct = device.type == "cpu" and 2 * distinct_rows(x).n_distinct < self.n_chains
-        step = partial(self._metropolis_step, model, distinct=distinct)
+        step = partial(self._metropolis_step, network, distinct=distinct)
         for _ in range(n_discard * self.sweep_size):
             x, log_psi, accepted = step(x, log_psi, accepted)
         samples_x = torch.empty(
@@ -197,6 +212,8 @@ class MetropolisSampler:
             samples_x[:, s] = x
             samples_log_psi[:, s] = log_psi
         self._chains = x
+        if network is not model:
+            samples_log_psi = _log_psi_of_samples(model, samples_x)
         n_proposals = self.n_chains * self.sweep_size * (n_discard + self.n_per_chain)
         counts = torch.stack(
             [accepted.to(torch.float64), torch.tensor(float(n_proposals), device=device)]
@@ -204,6 +221,21 @@ class MetropolisSampler:
         total = reduce_sum(counts)
         acceptance = float(total[0] / total[1])  # the one host-device sync of the call
         return Samples(samples_x, samples_log_psi, None, acceptance)
+
+    def _network_of_chains(self, model):
+        """Returns the network the chains run on: ``model``, or its copy in ``self.dtype``
+        holding the model's current parameters."""
+        if self.dtype is None or self.dtype == _model_device_dtype(model)[1]:
+            return model
+        if self._chain_network is None or self._chain_network[0] is not model:
+            self._chain_network = (model, copy.deepcopy(model).to(self.dtype))
+        network = self._chain_network[1]
+        with torch.no_grad():
+            for target, source in zip(network.parameters(), model.parameters(), strict=True):
+                target.copy_(source)
+            for target, source in zip(network.buffers(), model.buffers(), strict=True):
+                target.copy_(source)
+        return network
 
     def _metropolis_step(self, model, x, log_psi, accepted, *, distinct=False):
         x_new, valid = self._propose(x)
@@ -255,6 +287,12 @@ class MetropolisSampler:
         if len(rows) == len(valid):
             return evaluate_log_psi(model, x_new)
         return log_psi.index_put((rows,), evaluate_log_psi(model, x_new[rows]).to(log_psi.dtype))
+
+
+def _log_psi_of_samples(model, samples_x: torch.Tensor) -> torch.Tensor:
+    """Returns the model's log ψ ``(C, S)`` of samples ``(C, S, N)``, once per distinct one."""
+    rows = distinct_rows(samples_x.reshape(-1, samples_x.shape[-1]))
+    return evaluate_log_psi(model, rows.x)[rows.inverse].reshape(samples_x.shape[:2])
 
 
 def _propose_exchange_global(x, generator, hilbert):

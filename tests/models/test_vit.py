@@ -174,3 +174,23 @@ def test_boson_jastrow_carries_an_onsite_table_over_the_occupations():
     # periodic chain of 8: (8 + 2 − 2)/2 = 4 couplings v(r), plus u(n) for n = 0..3
     assert _n_params(with_jastrow) - _n_params(plain) == 4 + 4
     assert with_jastrow.jastrow.onsite is not None
+
+
+@pytest.mark.parametrize("translation_invariant", [True, False])
+@pytest.mark.parametrize("lattice", [Lattice((12,)), Lattice((4, 4))], ids=["chain", "square"])
+def test_factored_attention_as_one_matrix_equals_its_factored_form(lattice, translation_invariant):
+    """Without gradients a narrow factored layer is one product with `kernel()`; with them it
+    keeps its factored form. Both are the same map (and so the same log ψ)."""
+    model = ViT(lattice.shape, 2, 16, 4, 2, translation_invariant=translation_invariant)
+    attention = model.blocks[0].attention
+    n_patches = lattice.n_sites // 2**lattice.ndim
+    h = torch.randn(64, n_patches, 16, dtype=torch.float64)
+    factored = attention(h)  # gradients on: the factored form
+    with torch.no_grad():
+        fused = attention(h)
+        log_psi_fused = model(random_spins(64, lattice.n_sites))
+    torch.testing.assert_close(fused, factored.detach(), rtol=0, atol=1e-13)
+    torch.testing.assert_close(
+        log_psi_fused, model(random_spins(64, lattice.n_sites)).detach(), rtol=0, atol=1e-12
+    )
+    assert attention.kernel().shape == (n_patches * 16, n_patches * 16)
