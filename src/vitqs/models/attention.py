@@ -20,12 +20,11 @@ from vitqs.models.patching import PatchGrid
 # The factored layer is linear in its input. Below this width n_patches · d_model, one product
 # with its (n·d)² matrix (`FactoredAttention.kernel`) beats the value projection, the per-head
 # mixing over patches and the output projection with the two layout copies between them:
-# on CPU for 12 sites in patches of 2 at d_model 16 (n·d = 96), 1.8-2.1x at batches of 330 to
-# 4096 (even at 64).
-# Its n²d² multiply-adds per sample against 2nd² + n²d lose above it (1.8-2.7x slower on a
-# 6x6 lattice in patches of 2 at d_model 72, n·d = 648). Only without gradients (sampling,
-# local energies): per-sample log-derivatives through the matrix would form an (n·d)² outer
-# product per sample (4x slower Jacobians on 16 sites).
+# on CPU for 12 sites in patches of 2 at d_model 16 (n·d = 96), 1.8-2.1x at batches of 330
+# to 4096 and no slower at 64. Its n²d² multiply-adds per sample against 2nd² + n²d lose
+# above it (1.8-2.7x slower on a 6x6 lattice in patches of 2 at d_model 72, n·d = 648).
+# Only without gradients (sampling, local energies): per-sample log-derivatives through the
+# matrix would form an (n·d)² outer product per sample (4x slower Jacobians on 16 sites).
 FUSED_MAX_WIDTH = 256
 
 
