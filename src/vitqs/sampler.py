@@ -13,8 +13,8 @@ Rules (Hilbert-space sectors are conserved by construction):
 - ``auto``: ``exchange`` for spins, ``hop`` for bosons.
 
 With ``dtype=torch.float32`` the chains run on a float32 copy of a float64 network (its
-parameters copied at every call): proposals 1.5-3x cheaper on CPU, where the GELU (``erf``)
-takes ~7x longer in float64 than in float32. The chains then sample ``|ψ|²`` of the
+parameters copied at every call): forward passes 1.5-3x cheaper on CPU, where the GELU
+(``erf``) takes ~7x longer in float64 than in float32. The chains then sample ``|ψ|²`` of the
 float32 copy, whose ``log ψ`` differs by ~1e-7 relative; the kept samples get their
 ``log ψ`` from the float64 network, so local energies and gradients are computed in full
 precision.
