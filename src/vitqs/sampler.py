@@ -191,7 +191,7 @@ class MetropolisSampler:
         device, dtype = _model_device_dtype(model)
         self._initialise(device, dtype)
         n_discard = self.n_discard if n_discard is None else n_discard
-        network = self._network_of_chains(model)
+        network = self._network_of_chains(model, dtype)
         x = self._chains
         log_psi = evaluate_log_psi(network, x)  # cached for the current chain states
         accepted = torch.zeros((), dtype=torch.int64, device=device)
@@ -213,8 +213,9 @@ class MetropolisSampler:
             samples_x[:, s] = x
             samples_log_psi[:, s] = log_psi
         self._chains = x
-        if network is not model:
-            samples_log_psi = _log_psi_of_samples(model, samples_x)
+        if network is not model:  # the kept samples' log ψ from the model itself
+            flat = samples_x.reshape(-1, self.n_sites)
+            samples_log_psi = _log_psi_of_distinct(model, flat).reshape(samples_x.shape[:2])
         n_proposals = self.n_chains * self.sweep_size * (n_discard + self.n_per_chain)
         counts = torch.stack(
             [accepted.to(torch.float64), torch.tensor(float(n_proposals), device=device)]
@@ -223,10 +224,10 @@ class MetropolisSampler:
         acceptance = float(total[0] / total[1])  # the one host-device sync of the call
         return Samples(samples_x, samples_log_psi, None, acceptance)
 
-    def _network_of_chains(self, model):
+    def _network_of_chains(self, model, model_dtype: torch.dtype):
         """Returns the network the chains run on: ``model``, or its copy in ``self.dtype``
         holding the model's current parameters."""
-        if self.dtype is None or self.dtype == _model_device_dtype(model)[1]:
+        if self.dtype is None or self.dtype == model_dtype:
             return model
         if self._chain_network is None or self._chain_network[0] is not model:
             self._chain_network = (model, copy.deepcopy(model).to(self.dtype))
@@ -282,18 +283,17 @@ class MetropolisSampler:
             return evaluate_log_psi(model, x_new)
         rows = valid.nonzero()[:, 0]  # (V,)
         if distinct:
-            proposals = distinct_rows(x_new[rows])
-            log_psi_new = evaluate_log_psi(model, proposals.x)[proposals.inverse]  # (V,)
+            log_psi_new = _log_psi_of_distinct(model, x_new[rows])  # (V,)
             return log_psi.index_put((rows,), log_psi_new.to(log_psi.dtype))
         if len(rows) == len(valid):
             return evaluate_log_psi(model, x_new)
         return log_psi.index_put((rows,), evaluate_log_psi(model, x_new[rows]).to(log_psi.dtype))
 
 
-def _log_psi_of_samples(model, samples_x: torch.Tensor) -> torch.Tensor:
-    """Returns the model's log ψ ``(C, S)`` of samples ``(C, S, N)``, once per distinct one."""
-    rows = distinct_rows(samples_x.reshape(-1, samples_x.shape[-1]))
-    return evaluate_log_psi(model, rows.x)[rows.inverse].reshape(samples_x.shape[:2])
+def _log_psi_of_distinct(model, x: torch.Tensor) -> torch.Tensor:
+    """Returns log ψ ``(B,)`` of configurations ``(B, N)``, evaluating each distinct one once."""
+    rows = distinct_rows(x)
+    return evaluate_log_psi(model, rows.x)[rows.inverse]
 
 
 def _propose_exchange_global(x, generator, hilbert):
