@@ -157,7 +157,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
         "n_samples": summed if full_sum and summed else config.sampler.n_samples,
         "threads": config.threads or torch.get_num_threads(),
         "estimator": _estimator(full_sum, summed, (record.exact or {}).get("dimension"))
-        + (", final ψ translation-averaged" if config.final.symmetrize == "translations" else "")
+        + _final_average(config.final.symmetrize)
         + _annealed(config.optimizer)
         + _averaged(config.optimizer.average_from),
         "n_iter": summary["n_iter"],
@@ -183,6 +183,11 @@ def row_from_results(system: str, results_file: Path) -> dict:
         row["reference_relative_error"] = relative_error(summary["energy"], reference)
         row["curve_relative_error"] = _relative(energy, reference)
     return row
+
+
+def _final_average(symmetrize: str) -> str:
+    names = {"translations": "translation-averaged", "space_group": "space-group-averaged"}
+    return f", final ψ {names[symmetrize]}" if symmetrize in names else ""
 
 
 def _annealed(optimizer) -> str:

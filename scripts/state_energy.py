@@ -8,6 +8,10 @@ computes ``<ψ|H|ψ>/<ψ|ψ>`` as a full sum over the sector (one sparse matrix-
 which is variational: never below the ground state.
 
     python scripts/state_energy.py results/benchmarks/*.h5 [--max-dim 2000000]
+        [--symmetrize none|translations|space_group]
+
+``--symmetrize`` replaces the run's ``final.symmetrize``: what another final average would
+have given the same trained parameters.
 
 Prints one markdown row per file: name, sector dimension, Monte Carlo final energy ± error,
 the enumerated energy, the exact ground-state energy, and both relative errors.
@@ -24,15 +28,17 @@ import yaml
 
 from vitqs import results
 from vitqs.config import from_dict
-from vitqs.models import symmetrize_translations
+from vitqs.models import final_symmetrized
 from vitqs.run import build_hamiltonian, build_network
 from vitqs.sampler import ExactSampler
 from vitqs.sr import set_parameter_vector
 from vitqs.vmc import final_estimate
 
 
-def state_energy(path: Path, max_dim: int) -> dict | None:
+def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dict | None:
     """Returns the enumerated energy of the run's final state, or None if not applicable.
+
+    ``symmetrize`` replaces the run's ``final.symmetrize`` (None: the run's own).
 
     With ``optimizer.average_from`` the final state is the mean of the late iterates; the
     row then also gives the energy of the last iterate measured in the loop, to show what
@@ -42,6 +48,8 @@ def state_energy(path: Path, max_dim: int) -> dict | None:
     if record.status != "finished" or record.exact is None:
         return None
     config = from_dict(yaml.safe_load(record.config_yaml))
+    if symmetrize is not None:
+        config.final.symmetrize = symmetrize
     hamiltonian = build_hamiltonian(config)
     if hamiltonian.hilbert.dimension > max_dim:
         return None
@@ -73,8 +81,7 @@ def _enumerated_energy(config, hamiltonian, model_state: dict, theta=None) -> fl
     model.load_state_dict(model_state)
     if theta is not None:
         set_parameter_vector(model, theta)
-    if config.final.symmetrize == "translations":
-        model = symmetrize_translations(model, hamiltonian.lattice)
+    model = final_symmetrized(model, config.final.symmetrize, hamiltonian.lattice)
     with torch.no_grad():  # the exact sampler's weights make this a full sum, not an estimate
         energy = final_estimate(hamiltonian, model, ExactSampler(hamiltonian.hilbert))
     return energy.mean.real
@@ -84,6 +91,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--max-dim", type=int, default=2_000_000)
+    parser.add_argument(
+        "--symmetrize",
+        choices=("none", "translations", "space_group"),
+        help="replace the run's final.symmetrize",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(
@@ -93,7 +105,7 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|")
     for path in args.files:
         try:
-            row = state_energy(path, args.max_dim)
+            row = state_energy(path, args.max_dim, args.symmetrize)
         except results.ResultsError as err:
             print(f"{path}: {err}", file=sys.stderr)
             continue

@@ -123,6 +123,10 @@ BAD = {
         lambda d: d["optimizer"].update(clip_local_energy=0),
         "optimizer.clip_local_energy",
     ),
+    "max_update_ratio_small": (
+        lambda d: d["optimizer"].update(max_update_ratio=0.5),
+        "optimizer.max_update_ratio",
+    ),
     "clip_full_sum": (
         lambda d: (
             d["optimizer"].update(clip_local_energy=5),

@@ -226,3 +226,32 @@ def test_a_run_over_orbits_follows_the_run_over_the_sector(make, tmp_path):
     assert reduced_record.final["n_samples"] == full_record.final["n_samples"]
     for name, value in full_record.observables.items():
         np.testing.assert_allclose(reduced_record.observables[name], value, atol=1e-9)
+
+
+@pytest.mark.parametrize("spin_flip", [0, -1])
+def test_final_space_group_average_of_a_trained_model(spin_flip):
+    # symmetrize_space_group on a model trained with model.symmetrize: translations (and a
+    # spin-flip sector) is the model that model.symmetrize: space_group builds from the
+    # same network: invariant under the whole group, its spin-inversion parity kept
+    from vitqs.models import final_symmetrized
+
+    lattice = Lattice((4, 4))
+    hilbert = Heisenberg(lattice).hilbert
+    trained = _built(lattice, hilbert, patch_size=2, symmetrize="translations", spin_flip=spin_flip)
+    final = final_symmetrized(trained, "space_group", lattice)
+    built = _built(lattice, hilbert, patch_size=2, symmetrize="space_group", spin_flip=spin_flip)
+    built.model.load_state_dict(trained.model.state_dict())
+    x = torch.as_tensor(hilbert.all_states()[::89], dtype=torch.float64)
+    with torch.no_grad():
+        log_psi = final(x)
+        scale = log_psi.real.max()  # compare ψ, not log ψ: an odd state vanishes where
+        psi = torch.exp(log_psi - scale)  # −x is a symmetry image of x, and its log is noise
+        torch.testing.assert_close(torch.exp(built(x) - scale), psi, rtol=0, atol=1e-12)
+        for g in lattice.space_group()[::7]:
+            torch.testing.assert_close(torch.exp(final(x[:, g]) - scale), psi, rtol=0, atol=1e-10)
+        if spin_flip:  # ψ(−x) = −ψ(x)
+            torch.testing.assert_close(torch.exp(final(-x) - scale), -psi, rtol=0, atol=1e-10)
+    assert final_symmetrized(final, "space_group", lattice) is final  # already averaged
+    assert final_symmetrized(trained, "none", lattice) is trained
+    with pytest.raises(ValueError, match="final.symmetrize='all'"):
+        final_symmetrized(trained, "all", lattice)

@@ -408,3 +408,53 @@ def test_a_one_state_sector_is_never_called_frozen(tmp_path):
     summary = run_config(from_dict(data), progress=False)
     record = results.read_results(summary["results_file"])
     assert summary["n_iter"] == 4 and {row["acceptance"] for row in record.history} == {0.0}
+
+
+def test_final_energy_of_the_space_group_average_is_its_rayleigh_quotient(tmp_path):
+    # full sum on a chain of 8: the final energy must be <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained
+    # ViT averaged over all 16 translations and reflections (rebuilt here, independently of
+    # the cosets the code averages over)
+    from vitqs.lattice import Lattice
+    from vitqs.models import Symmetrized
+    from vitqs.run import build_hamiltonian, build_network
+
+    data = tiny_heisenberg(
+        tmp_path / "out",
+        lattice={"shape": [8], "pbc": True},
+        sampler={"kind": "full_sum"},
+        final={"symmetrize": "space_group"},
+    )
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    record = results.read_results(summary["results_file"])
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    model.load_state_dict(results.load_checkpoint(record)["model"])
+    group = Lattice((8,), pbc=True).space_group()
+    assert len(group) == 16
+    averaged = Symmetrized(model, group)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(averaged(x)).numpy()
+    energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    assert summary["energy"] == pytest.approx(energy, rel=1e-10)
+    assert summary["energy"] >= summary["exact_energy"] - 1e-10
+
+
+def test_the_history_records_which_steps_the_trust_bound_shortened(tmp_path):
+    # an lr rising 1.22x per step makes each step longer than the ones before it, so a bound
+    # of 1x the median shortens every step once 10 are known, to exactly that median
+    from statistics import median
+
+    optimizer = {"n_iter": 24, "lr": 0.002, "lr_final": 0.2, "lr_schedule": "exponential"}
+    data = tiny_heisenberg(tmp_path / "on", optimizer={**optimizer, "max_update_ratio": 1.0})
+    record = results.read_results(run_config(from_dict(data), progress=False)["results_file"])
+    capped = [row["update_capped"] for row in record.history]
+    norms = [row["update_norm"] for row in record.history]
+    assert not any(capped[:10]) and sum(capped) >= 7
+    for k in range(10, 24):
+        if capped[k]:
+            assert norms[k] == pytest.approx(median(norms[max(0, k - 50) : k]), rel=1e-12)
+    data = tiny_heisenberg(tmp_path / "off", optimizer=optimizer)
+    record = results.read_results(run_config(from_dict(data), progress=False)["results_file"])
+    assert [row["update_capped"] for row in record.history] == [0.0] * 24

@@ -25,9 +25,10 @@ def _script():
     return module
 
 
-def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_path):
+@pytest.mark.parametrize("symmetrize", ["translations", "space_group"])
+def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_path, symmetrize):
     data = tiny_heisenberg(
-        tmp_path / "out", lattice={"shape": [8], "pbc": True}, final={"symmetrize": "translations"}
+        tmp_path / "out", lattice={"shape": [8], "pbc": True}, final={"symmetrize": symmetrize}
     )
     config = from_dict(data)
     summary = run_config(config, progress=False)
@@ -37,7 +38,10 @@ def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_pat
     model = build_network(config, hamiltonian)
     record = results.read_results(summary["results_file"])
     model.load_state_dict(results.load_checkpoint(record)["model"])
-    averaged = Symmetrized(model, Lattice((8,)).translations)
+    # every element of the group, not the cosets the code averages over
+    lattice = Lattice((8,))
+    group = lattice.translations if symmetrize == "translations" else lattice.space_group()
+    averaged = Symmetrized(model, group)
     x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
     with torch.no_grad():
         psi = torch.exp(averaged(x)).numpy()
@@ -72,3 +76,27 @@ def test_an_averaged_run_also_reports_its_last_iterate(tmp_path):
         (dense - exact) / abs(exact), rel=1e-9
     )
     assert row["last_iterate_relative_error"] != row["relative_error"]
+
+
+def test_another_final_average_can_be_asked_for(tmp_path):
+    # a run measured with the translation average, enumerated with the space-group one: the
+    # Rayleigh quotient of the trained ViT averaged over all 16 translations and reflections
+    data = tiny_heisenberg(
+        tmp_path / "out", lattice={"shape": [8], "pbc": True}, final={"symmetrize": "translations"}
+    )
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    path = Path(summary["results_file"])
+    own = _script().state_energy(path, max_dim=10_000)
+    other = _script().state_energy(path, max_dim=10_000, symmetrize="space_group")
+
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    model.load_state_dict(results.load_checkpoint(results.read_results(path))["model"])
+    averaged = Symmetrized(model, Lattice((8,)).space_group())
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(averaged(x)).numpy()
+    dense = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    assert other["enumerated"] == pytest.approx(dense, rel=1e-10)
+    assert other["enumerated"] != pytest.approx(own["enumerated"], rel=1e-12)

@@ -1,6 +1,7 @@
 """The VMC loop: convergence to ED, NaN guard, checkpoints, final estimate, end-to-end ViT runs."""
 
 import math
+from statistics import median as statistics_median
 
 import pytest
 import torch
@@ -308,6 +309,26 @@ def test_cuda_smoke():
     assert sampler.state_dict()["chains"].device.type == "cpu"
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_float32_chains_and_trust_bound():
+    # chains on a float32 copy on the GPU; the kept samples' log ψ are the float64 model's
+    hamiltonian = Heisenberg(Lattice((6,)))
+    model = ComplexRBM(6, seed=12).to("cuda")
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=256, n_chains=64, seed=13, dtype=torch.float32
+    )
+    samples = sampler.sample(model)
+    x = samples.x.reshape(-1, 6)
+    with torch.no_grad():
+        expected = model(x.to(torch.float64))
+    torch.testing.assert_close(samples.log_psi.reshape(-1), expected, rtol=0, atol=1e-12)
+    settings = OptimizerSettings(lr=0.02, n_iter=14, max_update_ratio=1.0)
+    results = list(optimize(hamiltonian, model, sampler, settings))
+    assert all(math.isfinite(r.energy.mean.real) for r in results)
+    assert any(r.update_capped for r in results)
+
+
 # --------------------------------------------------------------- end to end
 def _relative_error(energy, exact):
     return abs(energy - exact) / abs(exact)
@@ -401,3 +422,75 @@ def test_schedules_follow_a_wall_clock_budget_that_ends_first():
     assert result.lr == pytest.approx(0.01) and result.diag_shift == pytest.approx(1e-3)
     vmc.budget_progress = 0.001  # behind the step count: the steps lead
     assert vmc.step().lr == pytest.approx(0.1 * 0.01 ** (2 / 100))
+
+
+def _trust_bound_vmc(ratio, n_iter=40, lr=0.05):
+    hamiltonian = Heisenberg(Lattice((6,)))
+    model = ComplexRBM(6, seed=21)
+    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=22)
+    settings = OptimizerSettings(lr=lr, n_iter=n_iter, max_update_ratio=ratio)
+    return model, VMC(hamiltonian, model, sampler, settings)
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_trust_bound_shortens_long_steps_to_a_multiple_of_the_recent_median():
+    from vitqs.vmc import UPDATE_MIN_HISTORY, UPDATE_WINDOW
+
+    ratio = 1.2  # tight, so that a Monte Carlo run of 40 steps has steps to shorten
+    model, vmc = _trust_bound_vmc(ratio)
+    applied, n_capped = [], 0
+    for _ in range(40):
+        before = parameter_vector(model)
+        result = vmc.step()
+        moved = float((parameter_vector(model) - before).norm())
+        assert moved == pytest.approx(result.update_norm, rel=1e-12)  # the norm applied
+        if len(applied) >= UPDATE_MIN_HISTORY:
+            bound = ratio * statistics_median(applied[-UPDATE_WINDOW:])
+            assert result.update_norm <= bound * (1 + 1e-12)
+            if result.update_capped:
+                assert result.update_norm == pytest.approx(bound, rel=1e-12)
+        else:
+            assert not result.update_capped  # no bound before enough steps are known
+        n_capped += result.update_capped
+        applied.append(result.update_norm)
+    assert n_capped > 0
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_trust_bound_keeps_the_direction_and_is_off_by_default():
+    # the same run with and without the bound: identical until the first shortened step,
+    # which moves along the same direction, by less
+    model_free, free = _trust_bound_vmc(None)
+    model_bound, bound = _trust_bound_vmc(1.2)
+    for _ in range(40):
+        theta = parameter_vector(model_free)
+        torch.testing.assert_close(parameter_vector(model_bound), theta, rtol=0, atol=0)
+        result_free, result_bound = free.step(), bound.step()
+        assert not result_free.update_capped
+        if result_bound.update_capped:
+            step_free = parameter_vector(model_free) - theta
+            step_bound = parameter_vector(model_bound) - theta
+            cosine = float(step_free @ step_bound) / float(step_free.norm() * step_bound.norm())
+            assert cosine == pytest.approx(1.0, abs=1e-12)
+            assert float(step_bound.norm()) < float(step_free.norm())
+            break
+    else:
+        pytest.fail("no step was shortened")
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_trust_bound_history_is_kept_in_checkpoints():
+    _, vmc = _trust_bound_vmc(1.2)
+    list(vmc.run(15))
+    state = vmc.state_dict()
+    assert len(state["recent_norms"]) == 15
+    _, resumed = _trust_bound_vmc(1.2)
+    resumed.load_state_dict(state)
+    assert resumed._recent_norms == vmc._recent_norms
+    resumed.load_state_dict({**state, "recent_norms": None})  # a checkpoint from before the key
+    assert resumed._recent_norms == []
+
+
+def test_trust_bound_below_one_is_refused():
+    with pytest.raises(ValueError, match=r"optimizer.max_update_ratio=0.5 must be >= 1"):
+        OptimizerSettings(max_update_ratio=0.5)

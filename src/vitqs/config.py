@@ -267,6 +267,9 @@ class OptimizerConfig:
     # cut the local energies fed to the SR force to this many mean absolute deviations
     # from their mean: rare outliers stop steering the step (Monte Carlo only; null: off)
     clip_local_energy: float | None = option(None, optional(real(positive=True)))
+    # trust bound: an update longer than this many times the median length of the last 50
+    # is shortened to that length, its direction kept (null: off)
+    max_update_ratio: float | None = option(None, optional(real(minimum=1.0)))
     # start the hamiltonian's couplings at these values, e.g. {U: 3.3}, and move them linearly
     # to the hamiltonian section's over the first anneal_until of the run (of n_iter or of
     # max_seconds): the ground state is followed from where it is easy to find (null: off)
@@ -283,8 +286,9 @@ class ExactConfig:
 @dataclass
 class FinalConfig:
     n_samples: int = option(8192, integer(1))
-    # measure the final energy of ψ averaged over the lattice translations (a k = 0 projection)
-    symmetrize: str = option("none", choice("none", "translations"))
+    # measure the final energy of ψ averaged over the lattice translations (a k = 0 projection),
+    # or over the space group (translations after rotations and reflections)
+    symmetrize: str = option("none", choice("none", "translations", "space_group"))
 
 
 @dataclass

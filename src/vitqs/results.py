@@ -60,10 +60,11 @@ HISTORY_FIELDS = (
     "seconds_total",
     "n_samples",
     "anneal_fraction",  # 1: the step's hamiltonian is the config's (optimizer.anneal_from)
+    "update_capped",  # 1: the trust bound shortened the step (optimizer.max_update_ratio)
 )
 _INT_HISTORY_FIELDS = ("step",)
 # columns added after format 1 was first written: a file without them reads as NaN
-_LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction")
+_LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction", "update_capped")
 
 EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds")
 FINAL_FIELDS = (

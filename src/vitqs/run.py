@@ -26,7 +26,7 @@ from vitqs import exact, observables, results
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict
 from vitqs.estimators import statistics
 from vitqs.lattice import Lattice
-from vitqs.models import build_model, invariances, symmetrize_translations
+from vitqs.models import build_model, final_symmetrized, invariances
 from vitqs.operators import BoseHubbard, Heisenberg
 from vitqs.sampler import ExactSampler, MetropolisSampler
 from vitqs.sr import set_parameter_vector
@@ -419,6 +419,7 @@ def _history_row(result, exact_energy, anneal_fraction: float) -> dict:
         "seconds_total": sum(timings.values()),
         "n_samples": energy.n_samples,
         "anneal_fraction": anneal_fraction,
+        "update_capped": float(result.update_capped),
     }
 
 
@@ -557,9 +558,7 @@ def _finish(run: Run, start: float) -> dict:
     averaged = run.vmc.averaged_parameters()
     if averaged is not None:  # the final state is the mean of the late iterates
         set_parameter_vector(run.model, averaged[0])
-    model = run.model
-    if config.final.symmetrize == "translations":
-        model = symmetrize_translations(run.model, run.hamiltonian.lattice)
+    model = final_symmetrized(run.model, config.final.symmetrize, run.hamiltonian.lattice)
     # site-resolved observables need every state, not one per orbit
     sampler = run.sampler.unreduced() if isinstance(run.sampler, ExactSampler) else run.sampler
     samples = draw_samples(sampler, model, config.final.n_samples)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from vitqs.estimators import Stats, distinct_rows, local_energy, reduce_sum, statistics
@@ -33,6 +34,11 @@ from vitqs.sr import (
     parameter_vector,
     set_parameter_vector,
 )
+
+# The trust bound (`OptimizerSettings.max_update_ratio`) compares a step with the median
+# length of this many applied before it, and waits until this many are known.
+UPDATE_WINDOW = 50
+UPDATE_MIN_HISTORY = 10
 
 
 class NonFiniteEnergyError(RuntimeError):
@@ -71,6 +77,11 @@ class OptimizerSettings:
         clip_local_energy: for the SR force only, cut local energies to this many mean
             absolute deviations from their mean (`clip_local_energy`; None: off). Monte
             Carlo only: a full sum's gradient is exact.
+        max_update_ratio: a trust bound on the step: an update ``η δθ`` longer than this
+            many times the median length of the last ``UPDATE_WINDOW`` applied updates is
+            scaled down to that length, its direction kept (None: off). A rare sample with a
+            huge local energy can set one step many times longer than the rest, and the state
+            then needs hundreds of steps to come back.
         max_retries: consecutive non-finite retries before the run stops.
     """
 
@@ -84,6 +95,7 @@ class OptimizerSettings:
     n_iter: int = 200
     average_from: float | None = None
     clip_local_energy: float | None = None
+    max_update_ratio: float | None = None
     max_retries: int = 5
 
     def __post_init__(self):
@@ -106,6 +118,10 @@ class OptimizerSettings:
         if self.clip_local_energy is not None and not self.clip_local_energy > 0:
             raise ValueError(
                 f"optimizer.clip_local_energy={self.clip_local_energy} must be > 0 (or null)"
+            )
+        if self.max_update_ratio is not None and not self.max_update_ratio >= 1:
+            raise ValueError(
+                f"optimizer.max_update_ratio={self.max_update_ratio} must be >= 1 (or null)"
             )
         if self.n_iter < 1 or self.max_retries < 0:
             raise ValueError(
@@ -130,7 +146,8 @@ class StepResult:
         step: step index (0-based).
         energy: `Stats` of the local energies.
         acceptance: Metropolis acceptance rate (NaN for the exact sampler).
-        update_norm: ``‖δθ‖`` of the applied update.
+        update_norm: ``‖η δθ‖`` of the applied update (after any trust bound).
+        update_capped: whether the trust bound (``max_update_ratio``) shortened the update.
         lr, diag_shift: values used (after any NaN-guard raise).
         n_retries: non-finite attempts before this one succeeded.
         timings: seconds per phase: ``sampling``, ``local_energy``, ``jacobian``, ``solve``.
@@ -144,6 +161,7 @@ class StepResult:
     diag_shift: float
     n_retries: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    update_capped: bool = False
 
 
 class VMC:
@@ -171,6 +189,7 @@ class VMC:
         self._last_good: tuple[torch.Tensor, dict | None] | None = None  # before last update
         self._last_energy: float | None = None
         self._average: tuple[torch.Tensor, int] | None = None  # (mean θ, count)
+        self._recent_norms: list[float] = []  # lengths of the last applied updates
 
     def run(self, n_iter: int | None = None) -> Iterator[StepResult]:
         """Yields one `StepResult` per step, ``n_iter`` steps (default ``settings.n_iter``)."""
@@ -210,17 +229,33 @@ class VMC:
             return None  # nothing applied
         self._last_good = (theta, adam_before)
         self._add_to_average(theta)  # θ whose energy was just measured finite
-        set_parameter_vector(self.model, theta - lr * update)
+        step, capped = self._within_trust_bound(lr * update)
+        set_parameter_vector(self.model, theta - step)
         self._last_energy = stats.mean.real
         return StepResult(
             step=self.step_count,
             energy=stats,
             acceptance=samples.acceptance,
-            update_norm=float(lr * update.norm()),
+            update_norm=self._recent_norms[-1],
             lr=lr,
             diag_shift=diag_shift,
             timings=timings,
+            update_capped=capped,
         )
+
+    def _within_trust_bound(self, step: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Returns ``step`` shortened to ``max_update_ratio`` times the median length of the
+        recent updates when it is longer (once ``UPDATE_MIN_HISTORY`` are known), and whether
+        it was; records the applied length."""
+        length, capped = float(step.norm()), False
+        ratio, recent = self.settings.max_update_ratio, self._recent_norms
+        if ratio is not None and len(recent) >= UPDATE_MIN_HISTORY:
+            bound = ratio * float(np.median(recent))
+            if length > bound:
+                step, length, capped = step * (bound / length), bound, True
+        recent.append(length)
+        del recent[:-UPDATE_WINDOW]
+        return step, capped
 
     def progress(self) -> float:
         """Returns the fraction of the run done: of ``n_iter`` steps or of the budget."""
@@ -288,6 +323,7 @@ class VMC:
             "last_energy": self._last_energy,
             "last_good": self._last_good,
             "average": self._average,
+            "recent_norms": list(self._recent_norms),
         }
 
     def load_state_dict(self, state: dict):
@@ -297,6 +333,7 @@ class VMC:
         self._last_energy = state.get("last_energy")
         self._last_good = state.get("last_good")
         self._average = state.get("average")
+        self._recent_norms = list(state.get("recent_norms") or [])
 
 
 def optimize(

@@ -31,3 +31,17 @@ def test_cuda_equals_cpu(overrides):
     on_cpu = model(x)
     on_cuda = model.to("cuda")(x.to("cuda")).cpu()
     torch.testing.assert_close(on_cuda, on_cpu, rtol=0, atol=1e-10)
+
+
+def test_final_space_group_average_on_cuda_equals_cpu():
+    # the averaging module's buffers (permutations, spin-flip weights) follow the model
+    from vitqs.models import final_symmetrized
+
+    config = model_config(layers=2, symmetrize="translations", spin_flip=1)
+    model = build_model(config, SQUARE, SpinHalf(16, 0))
+    for p in model.parameters():
+        p.data.add_(0.1 * torch.randn_like(p))
+    x = random_spins(32, 16)
+    on_cpu = final_symmetrized(model, "space_group", SQUARE)(x)
+    on_cuda = final_symmetrized(model.to("cuda"), "space_group", SQUARE)(x.to("cuda")).cpu()
+    torch.testing.assert_close(on_cuda, on_cpu, rtol=0, atol=1e-10)

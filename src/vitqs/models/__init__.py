@@ -6,7 +6,9 @@ from vitqs.models.simple_vit import SimpleViT
 from vitqs.models.symmetrize import (
     Symmetrized,
     complex_logsumexp,
+    final_symmetrized,
     invariances,
+    symmetrize_space_group,
     symmetrize_translations,
 )
 from vitqs.models.vit import ViT, log_cosh
@@ -20,5 +22,7 @@ __all__ = [
     "log_cosh",
     "complex_logsumexp",
     "symmetrize_translations",
+    "symmetrize_space_group",
+    "final_symmetrized",
     "invariances",
 ]

@@ -8,7 +8,7 @@ from torch import nn
 from vitqs.models._checks import check_choice
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.simple_vit import SimpleViT
-from vitqs.models.symmetrize import Symmetrized, coset_translations
+from vitqs.models.symmetrize import Symmetrized, coset_translations, space_group_table
 from vitqs.models.vit import ATTENTIONS, EMBEDDINGS, HEAD_INIT_STD, ViT
 
 KINDS = ("vit", "simple_vit", "jastrow")
@@ -40,8 +40,7 @@ def build_model(cfg, lattice, hilbert) -> nn.Module:
         )
         group = None  # the lattice translations, or nothing to add
         if cfg.symmetrize == "space_group":  # each of those shifts after each rotation/reflection
-            points = lattice.point_group()
-            table = np.stack([p[t] for t in table for p in points])
+            table = space_group_table(model, lattice)
             group = lattice.space_group()
         model = Symmetrized(model, table, spin_flip=cfg.spin_flip, group=group)
     return model.double()

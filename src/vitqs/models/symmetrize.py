@@ -101,6 +101,47 @@ def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
     return Symmetrized(model, table)
 
 
+def final_symmetrized(model: nn.Module, symmetrize: str, lattice) -> nn.Module:
+    """Returns ``model`` averaged as ``final.symmetrize`` asks (``none`` | ``translations`` |
+    ``space_group``), on the device of its parameters."""
+    if symmetrize not in ("none", "translations", "space_group"):
+        raise ValueError(
+            f"final.symmetrize={symmetrize!r} is not one of ['none', 'translations', 'space_group']"
+        )
+    if symmetrize == "none":
+        return model
+    average = symmetrize_translations if symmetrize == "translations" else symmetrize_space_group
+    device = next(model.parameters()).device
+    return average(model, lattice).to(device)
+
+
+def symmetrize_space_group(model: nn.Module, lattice) -> nn.Module:
+    """Returns ``model`` averaged over the space group of ``lattice``: the translations it is
+    not invariant under (`coset_translations`), each after each rotation and reflection.
+
+    A model already averaged over the space group comes back unchanged. One averaged over
+    translations, or projected on a spin-inversion sector, is averaged anew from its bare
+    network, keeping that projection. For a state in the fully symmetric sector (every
+    Bose-Hubbard ground state) the average removes the parts of the error that break the
+    point group, which the translation average leaves.
+    """
+    spin_flip = 0
+    if isinstance(model, Symmetrized):
+        if model.group is not None:
+            return model
+        spin_flip, model = model.spin_flip, model.model
+    table = space_group_table(model, lattice)
+    return Symmetrized(model, table, spin_flip=spin_flip, group=lattice.space_group())
+
+
+def space_group_table(model: nn.Module, lattice) -> np.ndarray:
+    """Returns the permutations ``(n_T · n_P, n_sites)`` whose average over ``model`` is the
+    average over the whole space group: each of `coset_translations` after each element of
+    the point group."""
+    points = lattice.point_group()
+    return np.stack([p[t] for t in coset_translations(model, lattice) for p in points])
+
+
 def coset_translations(model: nn.Module, lattice) -> np.ndarray:
     """Returns the translations ``(n_T, n_sites)`` whose average over ``model`` equals the
     average over every translation of ``lattice``: one per coset of the translations that
