@@ -265,9 +265,11 @@ def test_late_samples_must_fill_every_chain(tmp_path):
         from_dict(data)
 
 
-def test_final_energy_of_the_translation_average_is_its_rayleigh_quotient(tmp_path):
-    # full sum: the final energy must be exactly <ψ_T|H|ψ_T>/<ψ_T|ψ_T> of the trained ViT
-    # averaged over all 8 translations (rebuilt here from the checkpoint, independently)
+@pytest.mark.parametrize("symmetrize", ["translations", "space_group"])
+def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetrize):
+    # full sum: the final energy must be exactly <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained ViT
+    # averaged over all 8 translations (and the 8 reflections), rebuilt here from the
+    # checkpoint, independently of the cosets the code averages over
     from vitqs.lattice import Lattice
     from vitqs.models import Symmetrized
     from vitqs.run import build_hamiltonian, build_network
@@ -276,7 +278,7 @@ def test_final_energy_of_the_translation_average_is_its_rayleigh_quotient(tmp_pa
         tmp_path / "out",
         lattice={"shape": [8], "pbc": True},
         sampler={"kind": "full_sum"},
-        final={"symmetrize": "translations"},
+        final={"symmetrize": symmetrize},
     )
     config = from_dict(data)
     summary = run_config(config, progress=False)
@@ -284,7 +286,10 @@ def test_final_energy_of_the_translation_average_is_its_rayleigh_quotient(tmp_pa
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
     model.load_state_dict(results.load_checkpoint(record)["model"])
-    averaged = Symmetrized(model, Lattice((8,), pbc=True).translations)
+    lattice = Lattice((8,), pbc=True)
+    group = lattice.translations if symmetrize == "translations" else lattice.space_group()
+    assert len(group) == (8 if symmetrize == "translations" else 16)
+    averaged = Symmetrized(model, group)
     x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
     with torch.no_grad():
         psi = torch.exp(averaged(x)).numpy()
@@ -408,37 +413,6 @@ def test_a_one_state_sector_is_never_called_frozen(tmp_path):
     summary = run_config(from_dict(data), progress=False)
     record = results.read_results(summary["results_file"])
     assert summary["n_iter"] == 4 and {row["acceptance"] for row in record.history} == {0.0}
-
-
-def test_final_energy_of_the_space_group_average_is_its_rayleigh_quotient(tmp_path):
-    # full sum on a chain of 8: the final energy must be <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained
-    # ViT averaged over all 16 translations and reflections (rebuilt here, independently of
-    # the cosets the code averages over)
-    from vitqs.lattice import Lattice
-    from vitqs.models import Symmetrized
-    from vitqs.run import build_hamiltonian, build_network
-
-    data = tiny_heisenberg(
-        tmp_path / "out",
-        lattice={"shape": [8], "pbc": True},
-        sampler={"kind": "full_sum"},
-        final={"symmetrize": "space_group"},
-    )
-    config = from_dict(data)
-    summary = run_config(config, progress=False)
-    record = results.read_results(summary["results_file"])
-    hamiltonian = build_hamiltonian(config)
-    model = build_network(config, hamiltonian)
-    model.load_state_dict(results.load_checkpoint(record)["model"])
-    group = Lattice((8,), pbc=True).space_group()
-    assert len(group) == 16
-    averaged = Symmetrized(model, group)
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(averaged(x)).numpy()
-    energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
-    assert summary["energy"] == pytest.approx(energy, rel=1e-10)
-    assert summary["energy"] >= summary["exact_energy"] - 1e-10
 
 
 def test_the_history_records_which_steps_the_trust_bound_shortened(tmp_path):

@@ -25,6 +25,15 @@ def _script():
     return module
 
 
+def _dense_energy(model, hamiltonian, group) -> float:
+    """Returns <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of ``model`` averaged over every permutation in ``group``."""
+    averaged = Symmetrized(model, group)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(averaged(x)).numpy()
+    return np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+
+
 @pytest.mark.parametrize("symmetrize", ["translations", "space_group"])
 def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_path, symmetrize):
     data = tiny_heisenberg(
@@ -41,11 +50,7 @@ def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_pat
     # every element of the group, not the cosets the code averages over
     lattice = Lattice((8,))
     group = lattice.translations if symmetrize == "translations" else lattice.space_group()
-    averaged = Symmetrized(model, group)
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(averaged(x)).numpy()
-    dense = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    dense = _dense_energy(model, hamiltonian, group)
     assert row["enumerated"] == pytest.approx(dense, rel=1e-10)
     assert row["relative_error"] >= 0
     # the Monte Carlo final energy estimates the same number
@@ -93,10 +98,6 @@ def test_another_final_average_can_be_asked_for(tmp_path):
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
     model.load_state_dict(results.load_checkpoint(results.read_results(path))["model"])
-    averaged = Symmetrized(model, Lattice((8,)).space_group())
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(averaged(x)).numpy()
-    dense = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    dense = _dense_energy(model, hamiltonian, Lattice((8,)).space_group())
     assert other["enumerated"] == pytest.approx(dense, rel=1e-10)
     assert other["enumerated"] != pytest.approx(own["enumerated"], rel=1e-12)

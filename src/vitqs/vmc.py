@@ -79,9 +79,8 @@ class OptimizerSettings:
             Carlo only: a full sum's gradient is exact.
         max_update_ratio: a trust bound on the step: an update ``η δθ`` longer than this
             many times the median length of the last ``UPDATE_WINDOW`` applied updates is
-            scaled down to that length, its direction kept (None: off). A rare sample with a
-            huge local energy can set one step many times longer than the rest, and the state
-            then needs hundreds of steps to come back.
+            scaled down to that length, its direction kept (None: off): a rare sample with a
+            huge local energy cannot set one step many times longer than the rest.
         max_retries: consecutive non-finite retries before the run stops.
     """
 
