@@ -28,7 +28,7 @@ import yaml
 
 from vitqs import results
 from vitqs.config import from_dict
-from vitqs.models import final_symmetrized
+from vitqs.models.symmetrize import FINAL_SYMMETRIZE, final_symmetrized
 from vitqs.run import build_hamiltonian, build_network
 from vitqs.sampler import ExactSampler
 from vitqs.sr import set_parameter_vector
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-dim", type=int, default=2_000_000)
     parser.add_argument(
         "--symmetrize",
-        choices=("none", "translations", "space_group"),
+        choices=FINAL_SYMMETRIZE,
         help="replace the run's final.symmetrize",
     )
     args = parser.parse_args(argv)

@@ -424,11 +424,11 @@ def test_schedules_follow_a_wall_clock_budget_that_ends_first():
     assert vmc.step().lr == pytest.approx(0.1 * 0.01 ** (2 / 100))
 
 
-def _trust_bound_vmc(ratio, n_iter=40, lr=0.05):
+def _trust_bound_vmc(ratio):
     hamiltonian = Heisenberg(Lattice((6,)))
     model = ComplexRBM(6, seed=21)
     sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=22)
-    settings = OptimizerSettings(lr=lr, n_iter=n_iter, max_update_ratio=ratio)
+    settings = OptimizerSettings(lr=0.05, n_iter=40, max_update_ratio=ratio)
     return model, VMC(hamiltonian, model, sampler, settings)
 
 

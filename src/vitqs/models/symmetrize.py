@@ -101,13 +101,14 @@ def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
     return Symmetrized(model, table)
 
 
+FINAL_SYMMETRIZE = ("none", "translations", "space_group")  # the final.symmetrize values
+
+
 def final_symmetrized(model: nn.Module, symmetrize: str, lattice) -> nn.Module:
-    """Returns ``model`` averaged as ``final.symmetrize`` asks (``none`` | ``translations`` |
-    ``space_group``), on the device of its parameters."""
-    if symmetrize not in ("none", "translations", "space_group"):
-        raise ValueError(
-            f"final.symmetrize={symmetrize!r} is not one of ['none', 'translations', 'space_group']"
-        )
+    """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `FINAL_SYMMETRIZE`),
+    on the device of its parameters."""
+    if symmetrize not in FINAL_SYMMETRIZE:
+        raise ValueError(f"final.symmetrize={symmetrize!r} is not one of {list(FINAL_SYMMETRIZE)}")
     if symmetrize == "none":
         return model
     average = symmetrize_translations if symmetrize == "translations" else symmetrize_space_group
