@@ -157,6 +157,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
         "n_samples": summed if full_sum and summed else config.sampler.n_samples,
         "threads": config.threads or torch.get_num_threads(),
         "estimator": _estimator(full_sum, summed, (record.exact or {}).get("dimension"))
+        + _tempered(config.sampler.machine_pow)
         + _final_average(config.final.symmetrize)
         + _annealed(config.optimizer)
         + _averaged(config.optimizer.average_from),
@@ -183,6 +184,12 @@ def row_from_results(system: str, results_file: Path) -> dict:
         row["reference_relative_error"] = relative_error(summary["energy"], reference)
         row["curve_relative_error"] = _relative(energy, reference)
     return row
+
+
+def _tempered(machine_pow: float) -> str:
+    if machine_pow == 2.0:
+        return ""
+    return f" (steps on samples of |ψ|^{machine_pow:g}, reweighted to |ψ|²)"
 
 
 def _final_average(symmetrize: str) -> str:

@@ -8,10 +8,17 @@ computes ``<ψ|H|ψ>/<ψ|ψ>`` as a full sum over the sector (one sparse matrix-
 which is variational: never below the ground state.
 
     python scripts/state_energy.py results/benchmarks/*.h5 [--max-dim 2000000]
-        [--symmetrize none|translations|space_group]
+        [--symmetrize none|translations|space_group] [--by-probability]
 
 ``--symmetrize`` replaces the run's ``final.symmetrize``: what another final average would
 have given the same trained parameters.
+
+``--by-probability`` also shows where the state is wrong: against the exact ground state φ
+(ED), per decade of the exact probability ``|φ(x)|²``, how many states, their weight in φ
+and in ψ, the samples a step draws there (``sampler.n_samples`` times the weight), and
+their share of the distance ``Σ_x |ψ(x) − e^{iα} φ(x)|² = 2 (1 − |⟨φ|ψ⟩|)`` (both
+normalised, α the overlap's phase), which is the infidelity ``1 − |⟨φ|ψ⟩|²`` to first order.
+A share far from where the samples are says that sampling, not the ansatz, limits the state.
 
 Prints one markdown row per file: name, sector dimension, Monte Carlo final energy ± error,
 the enumerated energy, the exact ground-state energy, and both relative errors.
@@ -23,10 +30,11 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 
-from vitqs import results
+from vitqs import exact, results
 from vitqs.config import from_dict
 from vitqs.models.symmetrize import FINAL_SYMMETRIZE, final_symmetrized
 from vitqs.run import build_hamiltonian, build_network
@@ -77,14 +85,72 @@ def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dic
 def _enumerated_energy(config, hamiltonian, model_state: dict, theta=None) -> float:
     """Returns ⟨ψ|H|ψ⟩/⟨ψ|ψ⟩ summed over the sector, for the checkpoint's model (with the
     parameter vector ``theta`` in place of its own, if given), symmetrized as the run was."""
+    model = _final_model(config, hamiltonian, model_state, theta)
+    with torch.no_grad():  # the exact sampler's weights make this a full sum, not an estimate
+        energy = final_estimate(hamiltonian, model, ExactSampler(hamiltonian.hilbert))
+    return energy.mean.real
+
+
+def _final_model(config, hamiltonian, model_state: dict, theta=None):
     model = build_network(config, hamiltonian).cpu()
     model.load_state_dict(model_state)
     if theta is not None:
         set_parameter_vector(model, theta)
-    model = final_symmetrized(model, config.final.symmetrize, hamiltonian.lattice)
-    with torch.no_grad():  # the exact sampler's weights make this a full sum, not an estimate
-        energy = final_estimate(hamiltonian, model, ExactSampler(hamiltonian.hilbert))
-    return energy.mean.real
+    return final_symmetrized(model, config.final.symmetrize, hamiltonian.lattice)
+
+
+def by_probability(path: Path, max_dim: int, symmetrize: str | None = None) -> dict | None:
+    """Returns the run's final state against the exact ground state, per decade of ``|φ|²``:
+    ``rows`` of (decade, states, exact weight, model weight, samples per step, distance),
+    the ``infidelity`` and the total ``distance``; None if not applicable (as `state_energy`)."""
+    record = results.read_results(path)
+    if record.status != "finished" or record.exact is None:
+        return None
+    config = from_dict(yaml.safe_load(record.config_yaml))
+    if symmetrize is not None:
+        config.final.symmetrize = symmetrize
+    hamiltonian = build_hamiltonian(config)
+    if hamiltonian.hilbert.dimension > max_dim:
+        return None
+    model = _final_model(config, hamiltonian, results.load_checkpoint(record)["model"])
+    with torch.no_grad():
+        log_psi = ExactSampler(hamiltonian.hilbert).sample(model).log_psi.reshape(-1).numpy()
+    phi = exact.ground_state(hamiltonian, max_dim=max_dim, return_vector=True).vector
+    table = infidelity_by_probability(log_psi, phi, config.sampler.n_samples)
+    return {"name": record.name, **table}
+
+
+def infidelity_by_probability(log_psi: np.ndarray, phi: np.ndarray, n_samples: int) -> dict:
+    """Returns ψ = exp(log_psi) against φ over the same basis, per decade of ``|φ(x)|²``
+    (see the module's ``--by-probability``)."""
+    psi = np.exp(log_psi - log_psi.real.max())
+    psi /= np.linalg.norm(psi)
+    phi = phi / np.linalg.norm(phi)
+    overlap = np.vdot(phi, psi)
+    distance = np.abs(psi - overlap / abs(overlap) * phi) ** 2
+    weight = np.abs(phi) ** 2
+    with np.errstate(divide="ignore"):
+        decade = np.floor(np.log10(weight)).clip(min=-30).astype(int)  # |φ|² = 0: the last
+    rows = []
+    for d in sorted(set(decade.tolist()), reverse=True):
+        inside = decade == d
+        exact_weight = float(weight[inside].sum())
+        rows.append(
+            (d, int(inside.sum()), exact_weight, float((np.abs(psi[inside]) ** 2).sum()),
+             n_samples * exact_weight, float(distance[inside].sum()))
+        )  # fmt: skip
+    return {"rows": rows, "infidelity": 1 - abs(overlap) ** 2, "distance": float(distance.sum())}
+
+
+def _print_by_probability(table: dict) -> None:
+    print(f"\n{table['name']}: infidelity {table['infidelity']:.3e}")
+    print("| exact \\|φ\\|² | states | weight in φ | weight in ψ | samples per step | share |")
+    print("|---|---|---|---|---|---|")
+    for decade, states, exact_weight, model_weight, per_step, distance in table["rows"]:
+        print(
+            f"| 1e{decade}..1e{decade + 1} | {states:,} | {exact_weight:.3e} | "
+            f"{model_weight:.3e} | {per_step:.3g} | {distance / table['distance']:.1%} |"
+        )
 
 
 def main(argv=None) -> int:
@@ -95,6 +161,11 @@ def main(argv=None) -> int:
         "--symmetrize",
         choices=FINAL_SYMMETRIZE,
         help="replace the run's final.symmetrize",
+    )
+    parser.add_argument(
+        "--by-probability",
+        action="store_true",
+        help="also show the state's distance to the ED ground state per decade of |φ|²",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -120,6 +191,15 @@ def main(argv=None) -> int:
         if "last_iterate_relative_error" in row:
             last = row["last_iterate_relative_error"]
             print(f"| {row['name']}, last iterate (not averaged) | | | | | | {last:.2e} |")
+    if args.by_probability:
+        for path in args.files:
+            try:
+                table = by_probability(path, args.max_dim, args.symmetrize)
+            except results.ResultsError as err:
+                print(f"{path}: {err}", file=sys.stderr)
+                continue
+            if table is not None:
+                _print_by_probability(table)
     return 0
 
 

@@ -195,6 +195,17 @@ def test_a_row_read_back_from_a_gpu_run_is_measured_against_the_published_energy
     assert f"{expected:.2e} (vs published)" in cells
 
 
+def test_a_row_of_steps_on_another_power_of_psi_says_so(tmp_path):
+    bench = _script("benchmark_accuracy")
+    config = tmp_path / "tiny.yaml"
+    data = tiny_heisenberg(tmp_path / "out")
+    data["sampler"]["machine_pow"] = 1.25
+    config.write_text(yaml.safe_dump(data))
+    assert main(["run", str(config), "--quiet"]) == 0
+    row = bench.row_from_results("tiny", tmp_path / "out" / "tiny.h5")
+    assert row["estimator"].startswith("Monte Carlo (steps on samples of |ψ|^1.25, reweighted")
+
+
 def test_from_results_refuses_what_it_does_not_combine_with(tmp_path):
     bench = _script("benchmark_accuracy")
     with pytest.raises(SystemExit, match="one system"):

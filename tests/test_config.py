@@ -139,6 +139,11 @@ BAD = {
         lambda d: d["sampler"].update(dtype="float32", kind="full_sum"),
         "sampler.dtype=float32 needs sampler.kind=metropolis",
     ),
+    "machine_pow_zero": (lambda d: d["sampler"].update(machine_pow=0), "sampler.machine_pow"),
+    "machine_pow_full_sum": (
+        lambda d: d["sampler"].update(machine_pow=1.5, kind="full_sum"),
+        "sampler.machine_pow=1.5 needs sampler.kind=metropolis",
+    ),
     "anneal_not_mapping": (
         lambda d: d["optimizer"].update(anneal_from=0.5, anneal_until=0.3),
         "optimizer.anneal_from=0.5 (float) must be a mapping",

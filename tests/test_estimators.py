@@ -1,4 +1,7 @@
-"""Local energies against the dense Hamiltonian; statistics of correlated chains; V-score."""
+"""Local energies against the dense Hamiltonian; statistics of correlated chains, and of
+importance-weighted samples; V-score."""
+
+import math
 
 import numpy as np
 import pytest
@@ -9,6 +12,8 @@ from vitqs.estimators import (
     Stats,
     distinct_rows,
     evaluate_log_psi,
+    importance_statistics,
+    importance_weights,
     local_energy,
     sample_mean,
     statistics,
@@ -161,6 +166,57 @@ def test_error_bars_cover_the_spread_of_repeated_means():
         means.append(stats.mean.real)
         errors.append(stats.error_of_mean)
     assert np.std(means) == pytest.approx(np.mean(errors), rel=0.3)
+
+
+def test_importance_statistics_with_equal_weights_are_the_plain_ones():
+    values = torch.as_tensor(_ar1_chains(16, 40, 0.5, seed=4))
+    weights = torch.full(values.shape, 1.0 / values.numel(), dtype=torch.float64)
+    plain, weighted = statistics(values), importance_statistics(values, weights)
+    assert weighted.mean == pytest.approx(plain.mean, rel=1e-12)
+    assert weighted.variance == pytest.approx(plain.variance, rel=1e-12)
+    assert weighted.error_of_mean == pytest.approx(plain.error_of_mean, rel=1e-12)
+    assert (weighted.tau_corr, weighted.r_hat) == (plain.tau_corr, plain.r_hat)
+
+
+def test_importance_weights_are_normalised_and_do_not_overflow():
+    log_r = torch.tensor([[1000.0, 999.0], [998.0, 1000.0]], dtype=torch.float64)
+    weights = importance_weights(log_r)
+    expected = torch.exp(log_r - 1000.0) / torch.exp(log_r - 1000.0).sum()
+    torch.testing.assert_close(weights, expected, rtol=1e-14, atol=0)
+    assert float(weights.sum()) == pytest.approx(1.0, abs=1e-15)
+
+
+def _importance_draw(seed: int, n_chains: int = 64, n_per_chain: int = 8):
+    """Samples of q ∝ p^(1/2) on 12 outcomes, for the target p ∝ 2^-k: values k, their
+    normalised weights p/q, and the exact target mean and variance of k."""
+    k = torch.arange(12, dtype=torch.float64)
+    log_p = -k * math.log(2.0)
+    q = torch.softmax(log_p / 2, dim=0)
+    gen = torch.Generator().manual_seed(seed)
+    picks = torch.multinomial(q, n_chains * n_per_chain, replacement=True, generator=gen)
+    values = k[picks].reshape(n_chains, n_per_chain)
+    weights = importance_weights((log_p / 2)[picks].reshape(n_chains, n_per_chain))
+    p = torch.softmax(log_p, dim=0)
+    mean = float((p * k).sum())
+    return values, weights, mean, float((p * (k - mean) ** 2).sum())
+
+
+@pytest.mark.parametrize("chains", [(64, 8), (1, 512)])
+def test_importance_weighted_mean_and_error_bars_of_a_known_distribution(chains):
+    """Samples of q, weighted by p/q: the mean and variance of p, and error bars that cover
+    the spread of repeated estimates (the delta method of the self-normalised ratio), from
+    chain sums or, for one chain, from the samples."""
+    means, errors = [], []
+    for seed in range(60):
+        values, weights, exact_mean, exact_variance = _importance_draw(seed, *chains)
+        stats = importance_statistics(values, weights)
+        means.append(stats.mean.real)
+        errors.append(stats.error_of_mean)
+    assert abs(np.mean(means) - exact_mean) < 4 * np.std(means) / np.sqrt(len(means))
+    assert np.std(means) == pytest.approx(np.mean(errors), rel=0.25)
+    assert stats.variance == pytest.approx(exact_variance, rel=0.2)
+    # the unweighted mean of the same samples is the mean of q, far outside those bars
+    assert abs(float(values.mean()) - exact_mean) > 10 * stats.error_of_mean
 
 
 def test_r_hat_flags_chains_that_disagree():

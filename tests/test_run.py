@@ -324,6 +324,33 @@ def test_final_state_is_the_mean_of_the_late_iterates(tmp_path):
     assert summary["energy"] == pytest.approx(energy, rel=1e-10)
 
 
+def test_a_run_on_samples_of_a_lower_power_measures_the_final_energy_on_psi_squared(tmp_path):
+    # steps on |ψ|^1 samples; the final energy must still estimate <ψ|H|ψ>/<ψ|ψ> of the
+    # final state (rebuilt here from the checkpoint and summed over the sector), which the
+    # same samples unweighted would miss by far (test_vmc)
+    from vitqs.run import build_hamiltonian, build_network
+
+    data = tiny_bose_hubbard(
+        tmp_path / "out",
+        hamiltonian={"U": 8.0},
+        sampler={"machine_pow": 1.0},
+        optimizer={"n_iter": 5},
+        final={"n_samples": 4096},
+    )
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    record = results.read_results(summary["results_file"])
+    assert all(np.isfinite(row["energy"]) for row in record.history)
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    model.load_state_dict(results.load_checkpoint(record)["model"])
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(model(x)).numpy()
+    energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    assert abs(summary["energy"] - energy) < 4.5 * summary["energy_error"]
+
+
 def test_annealed_run_starts_on_the_first_hamiltonian_and_ends_on_the_config_s(tmp_path):
     # full sum, U annealed 1 -> 4 over half of 6 steps: step 0's energy is the Rayleigh
     # quotient of the initial ViT under H(U = 1), built here independently; the steps after

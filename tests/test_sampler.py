@@ -45,6 +45,42 @@ def test_metropolis_histogram_matches_exact_distribution(case):
     assert 0.0 < samples.acceptance < 1.0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["exchange", "hop"])
+@pytest.mark.usefixtures("single_thread")
+def test_machine_pow_chains_sample_psi_to_that_power_and_carry_the_rest_as_weights(case):
+    """With machine_pow p the histogram follows |ψ|^p/Σ|ψ|^p (and fails the |ψ|² test),
+    and each sample's log importance is (2 − p) Re log ψ."""
+    make_hamiltonian, rule, scale = CASES[case]
+    hamiltonian = make_hamiltonian()
+    hilbert = hamiltonian.hilbert
+    model = ComplexRBM(hilbert.n_sites, n_hidden=4, scale=2 * scale, seed=3)
+    n_chains = 10000
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, rule=rule, seed=7,
+        machine_pow=1.0,
+    )  # fmt: skip
+    samples = sampler.sample(model)
+    counts = np.bincount(hilbert.state_index(samples.x[:, 0]), minlength=hilbert.dimension)
+    modulus = np.abs(model_vector(model, hilbert))
+    assert chisquare(counts, n_chains * modulus / modulus.sum()).pvalue > P_VALUE_THRESHOLD
+    squared = n_chains * modulus**2 / (modulus**2).sum()
+    assert chisquare(counts, squared).pvalue < 1e-12
+    torch.testing.assert_close(samples.log_importance, samples.log_psi.real, rtol=0, atol=0)
+
+
+def test_of_psi_squared_is_a_plain_sampler_on_the_same_chains():
+    hamiltonian = BoseHubbard(Lattice((5,)), n_particles=5)
+    model = ComplexRBM(5, seed=2)
+    tempered = MetropolisSampler(hamiltonian, n_samples=16, n_chains=16, machine_pow=1.5)
+    assert tempered.sample(model).log_importance is not None
+    plain = tempered.of_psi_squared()
+    assert plain.machine_pow == 2.0 and tempered.machine_pow == 1.5
+    torch.testing.assert_close(plain.state_dict()["chains"], tempered.state_dict()["chains"])
+    assert plain.sample(model).log_importance is None
+    assert plain.of_psi_squared() is plain
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_chains_stay_in_the_sector(case):
     make_hamiltonian, rule, _ = CASES[case]
@@ -181,6 +217,8 @@ def test_exact_sampler_weights_are_normalised_born_probabilities():
         ({"n_samples": 8, "n_chains": 4, "sweep_size": 0}, "sweep_size"),
         ({"n_samples": 8, "n_chains": 4, "n_discard": -1}, "n_discard"),
         ({"n_samples": 8, "n_chains": 4, "dtype": torch.float16}, "dtype"),
+        ({"n_samples": 8, "n_chains": 4, "machine_pow": 0.0}, "machine_pow"),
+        ({"n_samples": 8, "n_chains": 4, "machine_pow": float("nan")}, "machine_pow"),
     ],
 )
 def test_bad_settings_raise_with_the_config_key(kwargs, key):

@@ -101,3 +101,50 @@ def test_another_final_average_can_be_asked_for(tmp_path):
     dense = _dense_energy(model, hamiltonian, Lattice((8,)).space_group())
     assert other["enumerated"] == pytest.approx(dense, rel=1e-10)
     assert other["enumerated"] != pytest.approx(own["enumerated"], rel=1e-12)
+
+
+def test_distance_by_probability_lies_where_the_state_differs():
+    # φ over 6 states with weights 0.9 .. 9e-6 (decades -1 .. -6); ψ differs only on the
+    # state of weight 9e-5, so the distance lies in that decade (elsewhere only through the
+    # normalisation, a second-order 1e-4 of it)
+    weights = np.array([0.5, 0.05, 5e-3, 5e-4, 5e-5, 5e-6])  # 0.9 .. 9e-6, normalised
+    phi = np.sqrt(weights / weights.sum())
+    psi = phi.copy()
+    psi[4] *= 1.1
+    table = _script().infidelity_by_probability(np.log(psi) + 3.0, -phi, n_samples=1000)
+    rows = {row[0]: row for row in table["rows"]}
+    assert sorted(rows) == [-6, -5, -4, -3, -2, -1]
+    assert rows[-5][5] == pytest.approx(table["distance"], rel=1e-3)
+    assert sum(row[5] for row in table["rows"]) == pytest.approx(table["distance"], rel=1e-12)
+    unit = psi / np.linalg.norm(psi)
+    assert table["infidelity"] == pytest.approx(1 - np.dot(unit, phi) ** 2, rel=1e-10)
+    assert rows[-1][4] == pytest.approx(1000 * phi[0] ** 2, rel=1e-12)
+
+
+def test_by_probability_of_a_run_against_dense_ed(tmp_path, capsys):
+    from _shell_helpers import tiny_bose_hubbard
+
+    data = tiny_bose_hubbard(tmp_path / "out", lattice={"shape": [6], "pbc": True})
+    data["hamiltonian"].update(n_particles=6, U=6.0)
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    table = _script().by_probability(Path(summary["results_file"]), max_dim=10_000)
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    model.load_state_dict(
+        results.load_checkpoint(results.read_results(summary["results_file"]))["model"]
+    )
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(model(x)).numpy()
+    _, vectors = np.linalg.eigh(hamiltonian.to_dense())
+    overlap = abs(np.vdot(vectors[:, 0], psi)) ** 2 / np.vdot(psi, psi).real
+    assert table["infidelity"] == pytest.approx(1 - overlap, rel=1e-8)
+    assert sum(row[1] for row in table["rows"]) == hamiltonian.hilbert.dimension
+    assert sum(row[2] for row in table["rows"]) == pytest.approx(1.0, rel=1e-12)
+    assert sum(row[3] for row in table["rows"]) == pytest.approx(1.0, rel=1e-12)
+    assert table["distance"] == pytest.approx(2 * (1 - np.sqrt(overlap)), rel=1e-8)
+    assert _script().main([summary["results_file"], "--by-probability"]) == 0
+    printed = capsys.readouterr().out
+    assert f"tiny_bh: infidelity {table['infidelity']:.3e}" in printed
+    assert printed.count("| 1e") == len(table["rows"])

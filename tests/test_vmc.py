@@ -7,7 +7,12 @@ import pytest
 import torch
 from _vmc_helpers import ComplexRBM, exact_ground_state, single_thread  # noqa: F401
 
-from vitqs.estimators import evaluate_log_psi, local_energy, statistics
+from vitqs.estimators import (
+    evaluate_log_psi,
+    importance_weights,
+    local_energy,
+    statistics,
+)
 from vitqs.lattice import Lattice
 from vitqs.operators import BoseHubbard, Heisenberg
 from vitqs.sampler import ExactSampler, MetropolisSampler, Samples
@@ -15,11 +20,20 @@ from vitqs.sr import (
     Adam,
     clip_local_energy,
     energy_gradient,
+    force,
     log_derivatives,
     natural_gradient,
     parameter_vector,
 )
-from vitqs.vmc import VMC, NonFiniteEnergyError, OptimizerSettings, final_estimate, optimize
+from vitqs.vmc import (
+    VMC,
+    NonFiniteEnergyError,
+    OptimizerSettings,
+    final_estimate,
+    optimize,
+    sample_local_energy,
+    sample_statistics,
+)
 
 
 class FlakyHamiltonian:
@@ -245,9 +259,9 @@ def test_clipping_changes_the_step_but_not_the_measured_energy():
 class FixedSampler:
     """Returns the same Monte Carlo samples at every call."""
 
-    def __init__(self, x, model):
+    def __init__(self, x, model, log_importance=None):
         log_psi = evaluate_log_psi(model, x.reshape(-1, x.shape[-1])).reshape(x.shape[:-1])
-        self.samples = Samples(x, log_psi, None, 0.5)
+        self.samples = Samples(x, log_psi, None, 0.5, log_importance)
 
     def sample(self, model):
         return self.samples
@@ -276,6 +290,60 @@ def test_a_step_on_repeated_samples_equals_the_step_over_every_row(method, clip)
     expected_theta = theta - 0.1 * expected
     torch.testing.assert_close(parameter_vector(model), expected_theta, rtol=1e-10, atol=1e-12)
     assert result.energy.mean == statistics(e_loc.reshape(4, 5)).mean
+
+
+@pytest.mark.parametrize("method", ["sr", "minsr"])
+def test_a_step_on_importance_weighted_samples_weighs_each_row_by_its_normalised_weight(method):
+    # Samples of |ψ|^p carry weights |ψ|^(2−p): the step is the natural gradient over every
+    # row with those weights normalised (repeated rows summed), the energy their mean.
+    hamiltonian = BoseHubbard(Lattice((4,)), U=6.0, n_particles=4)
+    model = ComplexRBM(4, n_hidden=6, scale=0.3, seed=9)
+    states = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    pick = torch.tensor([0, 5, 0, 0, 7, 5, 1, 0, 9, 7, 0, 5, 2, 0, 0, 3, 5, 0, 1, 0])
+    x = states[pick].reshape(4, 5, 4)
+    log_psi = evaluate_log_psi(model, x.reshape(20, 4)).detach()
+    log_importance = 0.5 * log_psi.real.reshape(4, 5)
+    weights = torch.softmax(log_importance.reshape(-1), dim=0)
+    e_loc = local_energy(hamiltonian, model, x).reshape(-1)
+    jac = log_derivatives(model, x.reshape(20, 4))
+    expected = natural_gradient(jac, e_loc, diag_shift=1e-3, weights=weights, method=method)
+    theta = parameter_vector(model)
+    settings = OptimizerSettings(method=method, lr=0.1, diag_shift=1e-3)
+    sampler = FixedSampler(x, model, log_importance)
+    result = VMC(hamiltonian, model, sampler, settings).step()
+    torch.testing.assert_close(
+        parameter_vector(model), theta - 0.1 * expected, rtol=1e-10, atol=1e-12
+    )
+    assert result.energy.mean.real == pytest.approx(float((weights * e_loc.real).sum()), rel=1e-12)
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_samples_of_a_lower_power_give_the_energy_and_force_of_psi_squared():
+    """Chains of |ψ|^1, reweighted, estimate the exact (full-sum) energy and SR force of
+    |ψ|²; the same samples unweighted miss both by far."""
+    hamiltonian = BoseHubbard(Lattice((4,)), U=8.0, n_particles=4)
+    model = ComplexRBM(4, n_hidden=4, scale=0.3, seed=3)
+    exact_sampler = ExactSampler(hamiltonian.hilbert)
+    exact_samples = exact_sampler.sample(model)
+    all_states = exact_samples.x.reshape(-1, 4)
+    exact_e = sample_local_energy(hamiltonian, model, exact_sampler, exact_samples).reshape(-1)
+    exact_weights = exact_samples.weights.reshape(-1)
+    exact_force = force(log_derivatives(model, all_states), exact_e, exact_weights)
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=8192, n_chains=8192, n_discard=50, seed=5, machine_pow=1.0
+    )
+    samples = sampler.sample(model)
+    stats = sample_statistics(local_energy(hamiltonian, model, samples.x), samples)
+    assert abs(stats.mean.real - float(exact_e.real @ exact_weights)) < 4 * stats.error_of_mean
+    x = samples.x.reshape(-1, 4)
+    e_loc = local_energy(hamiltonian, model, x)
+    jac = log_derivatives(model, x)
+    weights = importance_weights(samples.log_importance).reshape(-1)
+    error = float((force(jac, e_loc, weights) - exact_force).norm() / exact_force.norm())
+    unweighted = float((force(jac, e_loc) - exact_force).norm() / exact_force.norm())
+    assert error < 0.05 < 0.3 < unweighted
+    plain = statistics(local_energy(hamiltonian, model, samples.x))
+    assert abs(plain.mean.real - stats.mean.real) > 10 * stats.error_of_mean
 
 
 @pytest.mark.usefixtures("single_thread")

@@ -235,6 +235,10 @@ class SamplerConfig:
     # precision of the network copy the Metropolis chains run on (null: the model's dtype);
     # local energies, gradients and SR keep the model's dtype (sampler.py)
     dtype: str | None = option(None, optional(choice("float64", "float32")))
+    # the chains sample |ψ|^machine_pow; each sample is weighted by |ψ|^(2 − machine_pow), so
+    # energies, gradients and S remain those of |ψ|²: below 2, a peaked |ψ|² (a Mott
+    # insulator) is sampled more evenly. The final energy samples |ψ|² itself (Metropolis only)
+    machine_pow: float = option(2.0, real(positive=True))
     # more samples late in the run: n_samples_late per step once late_fraction of n_iter (or
     # of optimizer.max_seconds, whichever comes first) has passed
     n_samples_late: int | None = option(None, optional(integer(1)))
@@ -444,6 +448,11 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError(
             f"sampler.dtype={config.sampler.dtype} needs sampler.kind=metropolis, not "
             f"{config.sampler.kind!r}: a full sum runs no chains"
+        )
+    if config.sampler.machine_pow != 2.0 and config.sampler.kind != "metropolis":
+        raise ConfigError(
+            f"sampler.machine_pow={config.sampler.machine_pow} needs sampler.kind=metropolis, "
+            f"not {config.sampler.kind!r}: a full sum weighs every state by |ψ|² exactly"
         )
     late, chains = config.sampler.n_samples_late, config.sampler.n_chains
     if late is not None and late % chains:

@@ -27,6 +27,12 @@ def reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """Returns the maximum of ``x`` over all ranks; the identity on one process (the place
+    for a ``torch.distributed.all_reduce`` with ``MAX``)."""
+    return x
+
+
 def sample_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Returns the mean over the leading (sample) axis, or the weighted sum for exact weights.
 
@@ -250,6 +256,43 @@ def statistics(values: torch.Tensor, weights: torch.Tensor | None = None) -> Sta
     else:
         error = math.sqrt(variance * (1 + 2 * tau) / n)
     return Stats(complex(mean), error, variance, tau, split_r_hat(values), n)
+
+
+def importance_weights(log_importance: torch.Tensor) -> torch.Tensor:
+    """Returns the normalised weights ``r / Σ r`` of samples with ``log r = log_importance``
+    (any shape; summing to 1 over all samples of all ranks), shifted by the largest ``log r``
+    so that no weight overflows."""
+    log_r = log_importance.to(torch.float64)
+    r = torch.exp(log_r - reduce_max(log_r.max()))
+    return r / reduce_sum(r.sum())
+
+
+def importance_statistics(values: torch.Tensor, weights: torch.Tensor) -> Stats:
+    """Returns the `Stats` of Monte Carlo samples ``(n_chains, n_per_chain)`` of another
+    distribution than the target, with normalised importance weights of the same shape.
+
+    The mean is the self-normalised estimate ``Σ w v``, the variance ``Σ w |v − mean|²`` (both
+    of the target distribution). The error of the mean is that of a ratio estimate by the
+    delta method, with chains as independent units: ``sqrt(C/(C−1) Σ_c |Σ_s w_cs (v_cs −
+    mean)|²)``, which is `chain_error` for equal weights; one chain uses the sample terms and
+    the chain's ``1 + 2τ``. τ and R̂ describe the chains of the sampled distribution.
+    """
+    values = values.reshape(1, -1) if values.ndim == 1 else values
+    weights = weights.reshape(values.shape).to(torch.float64)
+    mean = reduce_sum((weights * values).sum())
+    deviation = values - mean
+    variance = float(reduce_sum((weights * deviation.abs() ** 2).sum()))
+    plain_mean = sample_mean(values.reshape(-1))
+    plain_variance = float(sample_mean((values.reshape(-1) - plain_mean).abs() ** 2))
+    tau = integrated_time(values, plain_mean, plain_variance)
+    n_chains = values.shape[0]
+    if n_chains >= 2:
+        per_chain = (weights * deviation).sum(dim=1).abs() ** 2
+        spread = reduce_sum(per_chain.sum()) * n_chains / (n_chains - 1)
+    else:
+        spread = reduce_sum((weights**2 * deviation.abs() ** 2).sum()) * (1 + 2 * tau)
+    error = math.sqrt(float(spread))
+    return Stats(complex(mean), error, variance, tau, split_r_hat(values), values.numel())
 
 
 def chain_error(chain_means: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:

@@ -130,6 +130,7 @@ def build_sampler(config: Config, hamiltonian, model=None):
             rule=cfg.rule,
             seed=config.seed + 1,
             dtype=None if cfg.dtype is None else getattr(torch, cfg.dtype),
+            machine_pow=cfg.machine_pow,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None
@@ -559,8 +560,12 @@ def _finish(run: Run, start: float) -> dict:
     if averaged is not None:  # the final state is the mean of the late iterates
         set_parameter_vector(run.model, averaged[0])
     model = final_symmetrized(run.model, config.final.symmetrize, run.hamiltonian.lattice)
-    # site-resolved observables need every state, not one per orbit
-    sampler = run.sampler.unreduced() if isinstance(run.sampler, ExactSampler) else run.sampler
+    # site-resolved observables need every state, not one per orbit; the final energy and
+    # observables are measured on |ψ|² itself, whatever sampler.machine_pow the steps used
+    if isinstance(run.sampler, ExactSampler):
+        sampler = run.sampler.unreduced()
+    else:
+        sampler = run.sampler.of_psi_squared()
     samples = draw_samples(sampler, model, config.final.n_samples)
     e_loc = sample_local_energy(run.hamiltonian, model, sampler, samples, config.sampler.chunk_size)
     energy = statistics(e_loc, samples.weights)

@@ -3,6 +3,11 @@
 `MetropolisSampler` advances ``n_chains`` Markov chains together on the model's device, one
 batched log ψ evaluation per proposal step. Proposals are symmetric, so a move ``x → x'``
 is accepted with ``min(1, |ψ(x')/ψ(x)|²) = min(1, exp(2 Re(log ψ(x') − log ψ(x))))``.
+With ``machine_pow = p ≠ 2`` the chains sample ``|ψ|^p`` instead (the acceptance uses
+``p Re(...)``), and every sample carries the importance weight ``|ψ|^(2−p)``: expectation
+values, gradients and S stay those of ``|ψ|²`` (`Samples.log_importance`). A peaked ``|ψ|²``,
+such as a Mott insulator's, where 61% of the samples sit on one configuration and the
+states of weight 1e-9..1e-5 get ~1% of them, is sampled more evenly with p < 2.
 Rules (Hilbert-space sectors are conserved by construction):
 
 - ``exchange``: pick a bond uniformly (the neighbour orders the Hamiltonian couples: order 1,
@@ -52,12 +57,17 @@ class Samples:
         weights: ``(n_chains, n_per_chain)`` summing to 1 (exact sampler), or None for
             Monte Carlo samples of equal weight.
         acceptance: fraction of accepted proposals in this call (NaN for exact samples).
+        log_importance: ``(n_chains, n_per_chain)`` float64 ``(2 − p) Re log ψ`` for Monte
+            Carlo samples of ``|ψ|^p`` (``machine_pow = p``): the log of each sample's
+            unnormalised weight (`estimators.importance_weights`); None for samples of
+            ``|ψ|²``.
     """
 
     x: torch.Tensor
     log_psi: torch.Tensor
     weights: torch.Tensor | None = None
     acceptance: float = math.nan
+    log_importance: torch.Tensor | None = None
 
     @property
     def n_chains(self) -> int:
@@ -93,6 +103,8 @@ class MetropolisSampler:
         seed: seeds the sampler's ``torch.Generator`` (chain initialisation and moves).
         dtype: precision of the network copy that computes the acceptance ratios; None: the
             model itself. The samples' ``log ψ`` always come from the model.
+        machine_pow: the chains sample ``|ψ|^machine_pow`` (netket's name); samples then
+            carry importance weights ``|ψ|^(2 − machine_pow)``. Default 2: ``|ψ|²``.
     """
 
     def __init__(
@@ -106,6 +118,7 @@ class MetropolisSampler:
         rule: str = "auto",
         seed: int = 0,
         dtype: torch.dtype | None = None,
+        machine_pow: float = 2.0,
     ):
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
@@ -120,6 +133,9 @@ class MetropolisSampler:
         if dtype not in (None, torch.float32, torch.float64):
             raise ValueError(f"sampler.dtype={dtype} is not one of [null, float32, float64]")
         self.dtype = dtype
+        if not (math.isfinite(machine_pow) and machine_pow > 0):
+            raise ValueError(f"sampler.machine_pow={machine_pow} must be a positive number")
+        self.machine_pow = float(machine_pow)
         self._chain_network: tuple | None = None  # (model, its copy in self.dtype)
         self._generator: torch.Generator | None = None
         self._chains: torch.Tensor | None = None
@@ -134,6 +150,15 @@ class MetropolisSampler:
             )
         self.n_samples = int(n_samples)
         self.n_per_chain = self.n_samples // self.n_chains
+
+    def of_psi_squared(self) -> MetropolisSampler:
+        """Returns a sampler of ``|ψ|²`` itself that carries on these chains: this one when
+        ``machine_pow`` is 2, else a shallow copy (the same generator) with 2."""
+        if self.machine_pow == 2.0:
+            return self
+        plain = copy.copy(self)
+        plain.machine_pow = 2.0
+        return plain
 
     # ---------------------------------------------------------------- state
     def _initialise(self, device: torch.device, dtype: torch.dtype):
@@ -178,7 +203,8 @@ class MetropolisSampler:
     # ------------------------------------------------------------- sampling
     @torch.no_grad()
     def sample(self, model, n_discard: int | None = None) -> Samples:
-        """Returns `Samples` ``(n_chains, n_per_chain, N)`` drawn from ``|ψ|²`` of ``model``.
+        """Returns `Samples` ``(n_chains, n_per_chain, N)`` drawn from ``|ψ|^machine_pow``
+        of ``model`` (``|ψ|²`` by default).
 
         Runs ``n_discard`` sweeps, then keeps the chain states after each further sweep of
         ``sweep_size`` proposals. The chains' final states carry over to the next call.
@@ -222,7 +248,10 @@ class MetropolisSampler:
         )
         total = reduce_sum(counts)
         acceptance = float(total[0] / total[1])  # the one host-device sync of the call
-        return Samples(samples_x, samples_log_psi, None, acceptance)
+        log_importance = None
+        if self.machine_pow != 2.0:
+            log_importance = (2.0 - self.machine_pow) * samples_log_psi.real.to(torch.float64)
+        return Samples(samples_x, samples_log_psi, None, acceptance, log_importance)
 
     def _network_of_chains(self, model, model_dtype: torch.dtype):
         """Returns the network the chains run on: ``model``, or its copy in ``self.dtype``
@@ -242,7 +271,7 @@ class MetropolisSampler:
     def _metropolis_step(self, model, x, log_psi, accepted, *, distinct=False):
         x_new, valid = self._propose(x)
         log_psi_new = self._log_psi_of_valid(model, x_new, valid, log_psi, distinct)
-        log_ratio = 2 * (log_psi_new - log_psi).real
+        log_ratio = self.machine_pow * (log_psi_new - log_psi).real
         log_u = torch.log(torch.rand(x.shape[0], generator=self._generator, device=x.device))
         accept = valid & (log_u < log_ratio)  # NaN ratios compare False: rejected
         x = torch.where(accept[:, None], x_new, x)

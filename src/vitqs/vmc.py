@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vitqs.estimators import Stats, distinct_rows, local_energy, reduce_sum, statistics
+from vitqs.estimators import (
+    Stats,
+    distinct_rows,
+    importance_statistics,
+    importance_weights,
+    local_energy,
+    reduce_sum,
+    statistics,
+)
 from vitqs.sampler import ExactSampler, Samples
 from vitqs.sr import (
     METHODS,
@@ -214,7 +222,7 @@ class VMC:
         e_loc = sample_local_energy(
             self.hamiltonian, self.model, self.sampler, samples, self.chunk_size
         )
-        stats = statistics(e_loc, samples.weights)
+        stats = sample_statistics(e_loc, samples)
         timings["local_energy"] = _lap(start)
         if not math.isfinite(abs(stats.mean)):
             self._undo_last_update()
@@ -290,7 +298,10 @@ class VMC:
         if weights is None:
             if width is not None:
                 e_loc = clip_local_energy(e_loc, width)
-            x, e_loc, weights = _distinct_samples(x, e_loc)
+            importance = samples.log_importance
+            if importance is not None:
+                importance = importance_weights(importance).reshape(-1)
+            x, e_loc, weights = _distinct_samples(x, e_loc, importance)
         else:
             weights = weights.reshape(-1)
         start = time.perf_counter()
@@ -359,6 +370,9 @@ def draw_samples(sampler, model, n_samples: int | None = None) -> Samples:
         log_psi=torch.cat([s.log_psi for s in batches], dim=1),
         weights=None,
         acceptance=sum(s.acceptance for s in batches) / len(batches),
+        log_importance=None
+        if batches[0].log_importance is None
+        else torch.cat([s.log_importance for s in batches], dim=1),
     )
 
 
@@ -368,6 +382,14 @@ def final_estimate(
     """Returns the energy `Stats` of the current parameters from ``n_samples`` samples."""
     samples = draw_samples(sampler, model, n_samples)
     e_loc = sample_local_energy(hamiltonian, model, sampler, samples, chunk_size)
+    return sample_statistics(e_loc, samples)
+
+
+def sample_statistics(e_loc: torch.Tensor, samples: Samples) -> Stats:
+    """Returns the `Stats` of local energies: exact sums for the full sum, importance-
+    weighted for samples of ``|ψ|^p`` (p ≠ 2), plain Monte Carlo otherwise."""
+    if samples.log_importance is not None:
+        return importance_statistics(e_loc, importance_weights(samples.log_importance))
     return statistics(e_loc, samples.weights)
 
 
@@ -382,14 +404,21 @@ def sample_local_energy(hamiltonian, model, sampler, samples: Samples, chunk_siz
     return local_energy(hamiltonian, model, samples.x, samples.log_psi, chunk_size)
 
 
-def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor):
+def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor, importance=None):
     """Returns the distinct configurations of Monte Carlo samples, their local energies and
     weights ``count / N_s``: the same S and F as the ``N_s`` rows of equal weight ``1/N_s``
     (a repeated row adds its outer product ``count`` times), at one log-derivative and one
     kernel row per distinct configuration. A Mott insulator's samples repeat the uniform
     filling most of the time (~100 distinct of 1,024 at U = 10 on 12 sites).
+
+    With ``importance``, the samples' normalised importance weights ``(N_s,)``, a distinct
+    configuration weighs the sum of its samples' weights instead.
     """
     rows = distinct_rows(x)
+    if importance is not None:
+        weights = torch.zeros(rows.n_distinct, dtype=torch.float64, device=x.device)
+        weights.index_add_(0, rows.inverse, importance.to(torch.float64))
+        return rows.x, e_loc[rows.first], weights
     n_samples = reduce_sum(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
     weights = rows.counts.to(torch.float64) / n_samples
     return rows.x, e_loc[rows.first], weights
