@@ -267,6 +267,20 @@ def test_clipping_moves_only_the_outliers_onto_the_limit():
     assert torch.equal(clip_local_energy(flat, 0.1), flat)
 
 
+def test_clipping_with_importance_weights_uses_the_weighted_centre_and_spread():
+    gen = torch.Generator().manual_seed(4)
+    e_loc = torch.randn(256, generator=gen, dtype=torch.float64)
+    e_loc[3] = 60.0
+    weights = torch.softmax(torch.randn(256, generator=gen, dtype=torch.float64), dim=0)
+    centre = (weights * e_loc).sum()
+    limit = 3.0 * (weights * (e_loc - centre).abs()).sum()
+    clipped = clip_local_energy(e_loc, 3.0, weights)
+    torch.testing.assert_close(clipped[3], centre + limit, rtol=0, atol=1e-12)
+    inside = (e_loc - centre).abs() <= limit
+    assert torch.equal(clipped[inside], e_loc[inside])
+    assert not torch.equal(clipped, clip_local_energy(e_loc, 3.0))  # unweighted: other cuts
+
+
 def test_unknown_method_raises():
     jac, e_loc, _ = _random_problem(4, 4, seed=0, weighted=False)
     with pytest.raises(ValueError, match="optimizer.method"):

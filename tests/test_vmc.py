@@ -293,9 +293,13 @@ def test_a_step_on_repeated_samples_equals_the_step_over_every_row(method, clip)
 
 
 @pytest.mark.parametrize("method", ["sr", "minsr"])
-def test_a_step_on_importance_weighted_samples_weighs_each_row_by_its_normalised_weight(method):
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_a_step_on_importance_weighted_samples_weighs_each_row_by_its_normalised_weight(
+    method, clip
+):
     # Samples of |ψ|^p carry weights |ψ|^(2−p): the step is the natural gradient over every
-    # row with those weights normalised (repeated rows summed), the energy their mean.
+    # row with those weights normalised (repeated rows summed), clipping around the weighted
+    # mean, and the energy is their weighted mean.
     hamiltonian = BoseHubbard(Lattice((4,)), U=6.0, n_particles=4)
     model = ComplexRBM(4, n_hidden=6, scale=0.3, seed=9)
     states = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
@@ -306,9 +310,10 @@ def test_a_step_on_importance_weighted_samples_weighs_each_row_by_its_normalised
     weights = torch.softmax(log_importance.reshape(-1), dim=0)
     e_loc = local_energy(hamiltonian, model, x).reshape(-1)
     jac = log_derivatives(model, x.reshape(20, 4))
-    expected = natural_gradient(jac, e_loc, diag_shift=1e-3, weights=weights, method=method)
+    e_force = e_loc if clip is None else clip_local_energy(e_loc, clip, weights)
+    expected = natural_gradient(jac, e_force, diag_shift=1e-3, weights=weights, method=method)
     theta = parameter_vector(model)
-    settings = OptimizerSettings(method=method, lr=0.1, diag_shift=1e-3)
+    settings = OptimizerSettings(method=method, lr=0.1, diag_shift=1e-3, clip_local_energy=clip)
     sampler = FixedSampler(x, model, log_importance)
     result = VMC(hamiltonian, model, sampler, settings).step()
     torch.testing.assert_close(

@@ -217,9 +217,10 @@ def natural_gradient(
     return X.T @ solve_shifted(_gram_upper(X, rows=True), e, diag_shift)
 
 
-def clip_local_energy(e_loc: torch.Tensor, width: float) -> torch.Tensor:
+def clip_local_energy(e_loc: torch.Tensor, width: float, weights=None) -> torch.Tensor:
     """Returns ``E_loc`` with each deviation from the mean cut to ``width`` times the mean
-    absolute deviation ``⟨|E_loc − ⟨E_loc⟩|⟩`` (radially, for a complex ``E_loc``).
+    absolute deviation ``⟨|E_loc − ⟨E_loc⟩|⟩`` (radially, for a complex ``E_loc``); both
+    means are weighted by the samples' normalised importance ``weights`` if given.
 
     For the *gradient* only, as in FermiNet (Pfau et al. 2020): a configuration the sampler
     rarely visits, where ψ is still badly wrong, can carry a local energy hundreds of spreads
@@ -228,10 +229,11 @@ def clip_local_energy(e_loc: torch.Tensor, width: float) -> torch.Tensor:
     and its error bar are always taken from the uncut values. Monte Carlo samples only.
     """
     e = e_loc.reshape(-1).to(torch.complex128)
-    centre = sample_mean(e)
+    weights = None if weights is None else weights.reshape(-1)
+    centre = sample_mean(e, weights)
     deviation = e - centre
     size = deviation.abs()
-    limit = width * sample_mean(size)
+    limit = width * sample_mean(size, weights)
     cut = size > limit  # never true for size 0
     clipped = torch.where(cut, centre + deviation * (limit / torch.where(cut, size, 1.0)), e)
     clipped = clipped.reshape(e_loc.shape)

@@ -296,11 +296,11 @@ class VMC:
         e_loc = e_loc.reshape(-1)
         width = self.settings.clip_local_energy
         if weights is None:
-            if width is not None:
-                e_loc = clip_local_energy(e_loc, width)
             importance = samples.log_importance
             if importance is not None:
                 importance = importance_weights(importance).reshape(-1)
+            if width is not None:
+                e_loc = clip_local_energy(e_loc, width, importance)
             x, e_loc, weights = _distinct_samples(x, e_loc, importance)
         else:
             weights = weights.reshape(-1)
