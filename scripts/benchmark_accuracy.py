@@ -402,7 +402,8 @@ def render_table(rows: list[dict], label_key: str) -> str:
                 entry["_exact_text"] = _fmt(
                     None if entry["exact_energy"] is None else entry["exact_energy"] / n, ".9f"
                 )
-            cells = _row_cells(entry, row[label_key])
+            # a cell's own pipes (|ψ|) would end it early: markdown takes them escaped
+            cells = [cell.replace("|", "\\|") for cell in _row_cells(entry, row[label_key])]
             lines.append("| " + " | ".join(cells) + " |")
         if row.get("peer_failure"):
             failed = [row[label_key], "netket", f"did not finish: {row['peer_failure']}"]

@@ -15,7 +15,8 @@ have given the same trained parameters.
 
 ``--by-probability`` also shows where the state is wrong: against the exact ground state φ
 (ED), per decade of the exact probability ``|φ(x)|²``, how many states, their weight in φ
-and in ψ, the samples a step draws there (``sampler.n_samples`` times the weight), and
+and in ψ, the samples a step of ``|ψ|²`` sampling draws there (``sampler.n_samples`` times
+the weight in φ), and
 their share of the distance ``Σ_x |ψ(x) − e^{iα} φ(x)|² = 2 (1 − |⟨φ|ψ⟩|)`` (both
 normalised, α the overlap's phase), which is the infidelity ``1 − |⟨φ|ψ⟩|²`` to first order.
 A share far from where the samples are says that sampling, not the ansatz, limits the state.
@@ -120,6 +121,9 @@ def by_probability(path: Path, max_dim: int, symmetrize: str | None = None) -> d
     return {"name": record.name, **table}
 
 
+_LOWEST_DECADE = -30  # |φ|² below 1e-29 (or 0) share one row
+
+
 def infidelity_by_probability(log_psi: np.ndarray, phi: np.ndarray, n_samples: int) -> dict:
     """Returns ψ = exp(log_psi) against φ over the same basis, per decade of ``|φ(x)|²``
     (see the module's ``--by-probability``)."""
@@ -130,7 +134,7 @@ def infidelity_by_probability(log_psi: np.ndarray, phi: np.ndarray, n_samples: i
     distance = np.abs(psi - overlap / abs(overlap) * phi) ** 2
     weight = np.abs(phi) ** 2
     with np.errstate(divide="ignore"):
-        decade = np.floor(np.log10(weight)).clip(min=-30).astype(int)  # |φ|² = 0: the last
+        decade = np.floor(np.log10(weight)).clip(min=_LOWEST_DECADE).astype(int)
     rows = []
     for d in sorted(set(decade.tolist()), reverse=True):
         inside = decade == d
@@ -144,11 +148,15 @@ def infidelity_by_probability(log_psi: np.ndarray, phi: np.ndarray, n_samples: i
 
 def _print_by_probability(table: dict) -> None:
     print(f"\n{table['name']}: infidelity {table['infidelity']:.3e}")
-    print("| exact \\|φ\\|² | states | weight in φ | weight in ψ | samples per step | share |")
+    print(
+        "| exact \\|φ\\|² | states | weight in φ | weight in ψ | samples per step of \\|φ\\|² "
+        "| share |"
+    )
     print("|---|---|---|---|---|---|")
     for decade, states, exact_weight, model_weight, per_step, distance in table["rows"]:
+        span = f"< 1e{decade + 1}" if decade == _LOWEST_DECADE else f"1e{decade}..1e{decade + 1}"
         print(
-            f"| 1e{decade}..1e{decade + 1} | {states:,} | {exact_weight:.3e} | "
+            f"| {span} | {states:,} | {exact_weight:.3e} | "
             f"{model_weight:.3e} | {per_step:.3g} | {distance / table['distance']:.1%} |"
         )
 

@@ -4,6 +4,7 @@ relative error."""
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -204,6 +205,10 @@ def test_a_row_of_steps_on_another_power_of_psi_says_so(tmp_path):
     assert main(["run", str(config), "--quiet"]) == 0
     row = bench.row_from_results("tiny", tmp_path / "out" / "tiny.h5")
     assert row["estimator"].startswith("Monte Carlo (steps on samples of |ψ|^1.25, reweighted")
+    line = bench.render_table([row], "system").splitlines()[2]
+    cells = re.split(r"(?<!\\)\|", line)[1:-1]  # split on the unescaped pipes
+    assert len(cells) == len(bench.HEADER)
+    assert "(steps on samples of \\|ψ\\|^1.25" in line
 
 
 def test_from_results_refuses_what_it_does_not_combine_with(tmp_path):
