@@ -53,15 +53,10 @@ def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dic
     row then also gives the energy of the last iterate measured in the loop, to show what
     the averaging bought (``last_iterate_relative_error``).
     """
-    record = results.read_results(path)
-    if record.status != "finished" or record.exact is None:
+    run = _enumerable_run(path, max_dim, symmetrize)
+    if run is None:
         return None
-    config = from_dict(yaml.safe_load(record.config_yaml))
-    if symmetrize is not None:
-        config.final.symmetrize = symmetrize
-    hamiltonian = build_hamiltonian(config)
-    if hamiltonian.hilbert.dimension > max_dim:
-        return None
+    record, config, hamiltonian = run
     state = results.load_checkpoint(record)
     exact = record.exact["energy"]
     energy = _enumerated_energy(config, hamiltonian, state["model"])
@@ -81,6 +76,22 @@ def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dic
         last = _enumerated_energy(config, hamiltonian, state["model"], vmc_state["last_good"][0])
         row["last_iterate_relative_error"] = (last - exact) / abs(exact)
     return row
+
+
+def _enumerable_run(path: Path, max_dim: int, symmetrize: str | None):
+    """Returns (record, config, Hamiltonian) of a finished run with an exact energy whose
+    sector has at most ``max_dim`` states, its final.symmetrize replaced by ``symmetrize``
+    if given; None otherwise."""
+    record = results.read_results(path)
+    if record.status != "finished" or record.exact is None:
+        return None
+    config = from_dict(yaml.safe_load(record.config_yaml))
+    if symmetrize is not None:
+        config.final.symmetrize = symmetrize
+    hamiltonian = build_hamiltonian(config)
+    if hamiltonian.hilbert.dimension > max_dim:
+        return None
+    return record, config, hamiltonian
 
 
 def _enumerated_energy(config, hamiltonian, model_state: dict, theta=None) -> float:
@@ -104,15 +115,10 @@ def by_probability(path: Path, max_dim: int, symmetrize: str | None = None) -> d
     """Returns the run's final state against the exact ground state, per decade of ``|φ|²``:
     ``rows`` of (decade, states, exact weight, model weight, samples per step, distance),
     the ``infidelity`` and the total ``distance``; None if not applicable (as `state_energy`)."""
-    record = results.read_results(path)
-    if record.status != "finished" or record.exact is None:
+    run = _enumerable_run(path, max_dim, symmetrize)
+    if run is None:
         return None
-    config = from_dict(yaml.safe_load(record.config_yaml))
-    if symmetrize is not None:
-        config.final.symmetrize = symmetrize
-    hamiltonian = build_hamiltonian(config)
-    if hamiltonian.hilbert.dimension > max_dim:
-        return None
+    record, config, hamiltonian = run
     model = _final_model(config, hamiltonian, results.load_checkpoint(record)["model"])
     with torch.no_grad():
         log_psi = ExactSampler(hamiltonian.hilbert).sample(model).log_psi.reshape(-1).numpy()
@@ -182,14 +188,7 @@ def main(argv=None) -> int:
         "rel. error enumerated |"
     )
     print("|---|---|---|---|---|---|---|")
-    for path in args.files:
-        try:
-            row = state_energy(path, args.max_dim, args.symmetrize)
-        except results.ResultsError as err:
-            print(f"{path}: {err}", file=sys.stderr)
-            continue
-        if row is None:
-            continue
+    for row in _each_result(state_energy, args):
         print(
             f"| {row['name']} | {row['dimension']:,} | {row['monte_carlo']:.6f} ± "
             f"{row['monte_carlo_error']:.1e} | {row['enumerated']:.8f} | {row['exact']:.8f} | "
@@ -200,15 +199,22 @@ def main(argv=None) -> int:
             last = row["last_iterate_relative_error"]
             print(f"| {row['name']}, last iterate (not averaged) | | | | | | {last:.2e} |")
     if args.by_probability:
-        for path in args.files:
-            try:
-                table = by_probability(path, args.max_dim, args.symmetrize)
-            except results.ResultsError as err:
-                print(f"{path}: {err}", file=sys.stderr)
-                continue
-            if table is not None:
-                _print_by_probability(table)
+        for table in _each_result(by_probability, args):
+            _print_by_probability(table)
     return 0
+
+
+def _each_result(measure, args):
+    """Yields ``measure(path, max_dim, symmetrize)`` of each file where it applies; a file
+    that is no readable results file is named on stderr and skipped."""
+    for path in args.files:
+        try:
+            result = measure(path, args.max_dim, args.symmetrize)
+        except results.ResultsError as err:
+            print(f"{path}: {err}", file=sys.stderr)
+            continue
+        if result is not None:
+            yield result
 
 
 if __name__ == "__main__":
