@@ -53,6 +53,17 @@ def test_bench_speed_prints_the_phase_table(tmp_path, capsys):
     assert result["n_samples"] == 64 and result["n_iter"] == 2
     assert result["method_used"] == method_used("auto", 64, result["n_params"])
     assert not (tmp_path / "out").exists()  # a benchmark writes no results file
+    assert "cpu float64 threads" in out
+
+
+def test_bench_speed_names_the_precision_of_chains_and_local_energies(tmp_path, capsys):
+    data = tiny_heisenberg(tmp_path / "out", sampler={"local_energy_dtype": "float32"})
+    path = write_config(tmp_path / "tiny.yaml", data)
+    code, out, err = run_main(capsys, "bench", "speed", path, "--n-iter", "1", "--json")
+    assert code == 0, err
+    assert "cpu float64 (E_loc float32) threads" in out
+    result = last_json(out)
+    assert (result["chain_dtype"], result["local_energy_dtype"]) == ("float64", "float32")
 
 
 def test_bench_speed_refuses_zero_iterations(tmp_path, capsys):

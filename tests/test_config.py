@@ -139,6 +139,14 @@ BAD = {
         lambda d: d["sampler"].update(dtype="float32", kind="full_sum"),
         "sampler.dtype=float32 needs sampler.kind=metropolis",
     ),
+    "local_energy_dtype": (
+        lambda d: d["sampler"].update(local_energy_dtype="bfloat16"),
+        "sampler.local_energy_dtype",
+    ),
+    "local_energy_dtype_full_sum": (
+        lambda d: d["sampler"].update(local_energy_dtype="float32", kind="full_sum"),
+        "sampler.local_energy_dtype=float32 needs sampler.kind=metropolis",
+    ),
     "machine_pow_zero": (lambda d: d["sampler"].update(machine_pow=0), "sampler.machine_pow"),
     "machine_pow_full_sum": (
         lambda d: d["sampler"].update(machine_pow=1.5, kind="full_sum"),

@@ -149,7 +149,7 @@ def test_float32_chain_network_follows_the_model_parameters():
     x = samples.x.reshape(-1, 5)
     with torch.no_grad():
         model.w_re.add_(0.5)  # an optimiser step
-        network = sampler._network_of_chains(model, torch.float64)
+        network = sampler._network_of_chains(model)
         assert next(network.parameters()).dtype == torch.float32
         torch.testing.assert_close(network(x).to(torch.complex128), model(x), rtol=1e-5, atol=1e-5)
         again = sampler.sample(model)

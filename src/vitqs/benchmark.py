@@ -43,7 +43,9 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     (kept samples / sampling time; thermalisation sweeps included in the time),
     ``proposals_per_second``, ``local_energies_per_second``, ``peak_memory_mib`` (CPU:
     ``ru_maxrss`` of the process; CUDA: ``torch.cuda.max_memory_allocated``), ``n_params``,
-    ``n_samples``, ``method_used``, ``device``, ``dtype``, ``threads``, ``n_iter``, ``n_warmup``.
+    ``n_samples``, ``method_used``, ``device``, ``dtype``, ``chain_dtype`` and
+    ``local_energy_dtype`` (the networks the chains and the local energies run on),
+    ``threads``, ``n_iter``, ``n_warmup``.
 
     Args:
         config: a validated config; ``threads`` (if set) is applied with
@@ -81,6 +83,8 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         "method_used": method_used(config.optimizer.method, n_samples, n_params),
         "device": str(device),
         "dtype": config.dtype,
+        "chain_dtype": config.sampler.dtype or config.dtype,
+        "local_energy_dtype": config.sampler.local_energy_dtype or config.dtype,
         "threads": torch.get_num_threads(),
         "n_iter": n_iter,
         "n_warmup": n_warmup,
@@ -118,6 +122,14 @@ def machine() -> str:
     )
 
 
+def _precision(result: dict) -> str:
+    """Returns the model's dtype, and those of the chains' and local energies' networks
+    where they differ from it."""
+    others = {"chains": result["chain_dtype"], "E_loc": result["local_energy_dtype"]}
+    differ = [f"{name} {dtype}" for name, dtype in others.items() if dtype != result["dtype"]]
+    return result["dtype"] + (f" ({', '.join(differ)})" if differ else "")
+
+
 def phase_table(result: dict) -> str:
     """Returns the phase table of a `time_steps` result as aligned text."""
     per_iter = result["seconds_per_iter"]
@@ -133,7 +145,7 @@ def phase_table(result: dict) -> str:
         f"E_loc/s        {result['local_energies_per_second']:.0f}",
         f"peak memory    {result['peak_memory_mib']:.0f} MiB",
         f"n_params       {result['n_params']}  n_samples {result['n_samples']}  "
-        f"method {result['method_used']}  {result['device']} {result['dtype']} "
+        f"method {result['method_used']}  {result['device']} {_precision(result)} "
         f"threads {result['threads']}  median of {result['n_iter']} steps",
     ]
     return "\n".join(lines)

@@ -233,8 +233,12 @@ class SamplerConfig:
     rule: str = option("auto", choice("auto", "exchange", "exchange_global", "hop"))
     chunk_size: int | None = option(None, optional(integer(1)))
     # precision of the network copy the Metropolis chains run on (null: the model's dtype);
-    # local energies, gradients and SR keep the model's dtype (sampler.py)
+    # the samples' log ψ, gradients and SR keep the model's dtype (sampler.py)
     dtype: str | None = option(None, optional(choice("float64", "float32")))
+    # precision of the network copy that evaluates the connected configurations in the
+    # training steps' local energies (null: the model's dtype). The samples' log ψ, the sums,
+    # gradients, SR and the final energy keep the model's dtype (models/precision.py)
+    local_energy_dtype: str | None = option(None, optional(choice("float64", "float32")))
     # the chains sample |ψ|^machine_pow; each sample is weighted by |ψ|^(2 − machine_pow), so
     # energies, gradients and S remain those of |ψ|²: below 2, a peaked |ψ|² (a Mott
     # insulator) is sampled more evenly. The final energy samples |ψ|² itself (Metropolis only)
@@ -438,22 +442,7 @@ def _check_consistency(config: Config) -> None:
     _check_positive(config.model, ham)
     _check_schedules(config.optimizer)
     _check_anneal(config)
-    if config.optimizer.clip_local_energy is not None and config.sampler.kind != "metropolis":
-        raise ConfigError(
-            f"optimizer.clip_local_energy={config.optimizer.clip_local_energy} needs "
-            f"sampler.kind=metropolis, not {config.sampler.kind!r}: a full sum's gradient "
-            "is exact and has no outliers to cut"
-        )
-    if config.sampler.dtype is not None and config.sampler.kind != "metropolis":
-        raise ConfigError(
-            f"sampler.dtype={config.sampler.dtype} needs sampler.kind=metropolis, not "
-            f"{config.sampler.kind!r}: a full sum runs no chains"
-        )
-    if config.sampler.machine_pow != 2.0 and config.sampler.kind != "metropolis":
-        raise ConfigError(
-            f"sampler.machine_pow={config.sampler.machine_pow} needs sampler.kind=metropolis, "
-            f"not {config.sampler.kind!r}: a full sum weighs every state by |ψ|² exactly"
-        )
+    _check_metropolis_only(config)
     late, chains = config.sampler.n_samples_late, config.sampler.n_chains
     if late is not None and late % chains:
         raise ConfigError(
@@ -466,6 +455,39 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError(
             f"device={device!r} is not allowed; choose one of: auto | cpu | cuda | cuda:N"
         )
+
+
+def _check_metropolis_only(config: Config) -> None:
+    """Raises for a key away from its default that only Monte Carlo sampling uses."""
+    sampler = config.sampler
+    if sampler.kind == "metropolis":
+        return
+    keys = [  # (key, value, default, why a full sum has no use for it)
+        (
+            "optimizer.clip_local_energy",
+            config.optimizer.clip_local_energy,
+            None,
+            "a full sum's gradient is exact and has no outliers to cut",
+        ),
+        ("sampler.dtype", sampler.dtype, None, "a full sum runs no chains"),
+        (
+            "sampler.machine_pow",
+            sampler.machine_pow,
+            2.0,
+            "a full sum weighs every state by |ψ|² exactly",
+        ),
+        (
+            "sampler.local_energy_dtype",
+            sampler.local_energy_dtype,
+            None,
+            "a full sum's local energies come from one sparse product, not the network",
+        ),
+    ]
+    for key, value, default, why in keys:
+        if value != default:
+            raise ConfigError(
+                f"{key}={value} needs sampler.kind=metropolis, not {sampler.kind!r}: {why}"
+            )
 
 
 def _check_positive(model: ModelConfig, ham) -> None:

@@ -92,14 +92,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _torch_dtype(name: str | None) -> torch.dtype | None:
+    return None if name is None else getattr(torch, name)
+
+
 def build_network(config: Config, hamiltonian) -> torch.nn.Module:
     """Returns the model of ``config.model`` on the config's device and dtype."""
     try:
         model = build_model(config.model, hamiltonian.lattice, hamiltonian.hilbert)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    dtype = torch.float64 if config.dtype == "float64" else torch.float32
-    return model.to(device=resolve_device(config.device), dtype=dtype)
+    return model.to(device=resolve_device(config.device), dtype=_torch_dtype(config.dtype))
 
 
 def build_sampler(config: Config, hamiltonian, model=None):
@@ -129,7 +132,7 @@ def build_sampler(config: Config, hamiltonian, model=None):
             n_discard=cfg.n_discard,
             rule=cfg.rule,
             seed=config.seed + 1,
-            dtype=None if cfg.dtype is None else getattr(torch, cfg.dtype),
+            dtype=_torch_dtype(cfg.dtype),
             machine_pow=cfg.machine_pow,
         )
     except ValueError as err:
@@ -148,6 +151,7 @@ def build_vmc(config: Config) -> VMC:
         sampler,
         optimizer_settings(config),
         chunk_size=config.sampler.chunk_size,
+        local_energy_dtype=_torch_dtype(config.sampler.local_energy_dtype),
     )
 
 

@@ -43,6 +43,7 @@ import torch
 
 from vitqs.estimators import distinct_rows, evaluate_log_psi, reduce_sum
 from vitqs.hilbert import Bosons, SpinHalf
+from vitqs.models.precision import NetworkCopy
 
 RULES = ("auto", "exchange", "exchange_global", "hop")
 
@@ -130,13 +131,11 @@ class MetropolisSampler:
         self.rule = _resolve_rule(rule, self.hilbert)
         self._moves = _move_table(self.rule, hamiltonian)  # (n_moves, 2) int64
         self.seed = int(seed)
-        if dtype not in (None, torch.float32, torch.float64):
-            raise ValueError(f"sampler.dtype={dtype} is not one of [null, float32, float64]")
+        self._network_of_chains = NetworkCopy(dtype, key="sampler.dtype")
         self.dtype = dtype
         if not (math.isfinite(machine_pow) and machine_pow > 0):
             raise ValueError(f"sampler.machine_pow={machine_pow} must be a positive number")
         self.machine_pow = float(machine_pow)
-        self._chain_network: tuple | None = None  # (model, its copy in self.dtype)
         self._generator: torch.Generator | None = None
         self._chains: torch.Tensor | None = None
         self._pending_state: dict | None = None
@@ -217,7 +216,7 @@ class MetropolisSampler:
         device, dtype = _model_device_dtype(model)
         self._initialise(device, dtype)
         n_discard = self.n_discard if n_discard is None else n_discard
-        network = self._network_of_chains(model, dtype)
+        network = self._network_of_chains(model)
         x = self._chains
         log_psi = evaluate_log_psi(network, x)  # cached for the current chain states
         accepted = torch.zeros((), dtype=torch.int64, device=device)
@@ -252,21 +251,6 @@ class MetropolisSampler:
         if self.machine_pow != 2.0:
             log_importance = (2.0 - self.machine_pow) * samples_log_psi.real.to(torch.float64)
         return Samples(samples_x, samples_log_psi, None, acceptance, log_importance)
-
-    def _network_of_chains(self, model, model_dtype: torch.dtype):
-        """Returns the network the chains run on: ``model``, or its copy in ``self.dtype``
-        holding the model's current parameters."""
-        if self.dtype is None or self.dtype == model_dtype:
-            return model
-        if self._chain_network is None or self._chain_network[0] is not model:
-            self._chain_network = (model, copy.deepcopy(model).to(self.dtype))
-        network = self._chain_network[1]
-        with torch.no_grad():
-            for target, source in zip(network.parameters(), model.parameters(), strict=True):
-                target.copy_(source)
-            for target, source in zip(network.buffers(), model.buffers(), strict=True):
-                target.copy_(source)
-        return network
 
     def _metropolis_step(self, model, x, log_psi, accepted, *, distinct=False):
         x_new, valid = self._propose(x)

@@ -29,6 +29,7 @@ from vitqs.estimators import (
     reduce_sum,
     statistics,
 )
+from vitqs.models.precision import NetworkCopy
 from vitqs.sampler import ExactSampler, Samples
 from vitqs.sr import (
     METHODS,
@@ -180,14 +181,32 @@ class VMC:
         sampler: a `MetropolisSampler`, or an `ExactSampler` for full-sum mode.
         settings: `OptimizerSettings`.
         chunk_size: samples per forward pass in local energies and log-derivatives.
+        local_energy_dtype: precision of the network copy that evaluates the connected
+            configurations in the steps' local energies (None: the model itself). The
+            samples' log ψ, the ratios' sums, gradients and S stay in the model's dtype.
     """
 
     def __init__(
-        self, hamiltonian, model, sampler, settings: OptimizerSettings, *, chunk_size=None
+        self,
+        hamiltonian,
+        model,
+        sampler,
+        settings: OptimizerSettings,
+        *,
+        chunk_size=None,
+        local_energy_dtype: torch.dtype | None = None,
     ):
         self.hamiltonian, self.model, self.sampler = hamiltonian, model, sampler
         self.settings = settings
         self.chunk_size = chunk_size
+        if local_energy_dtype is not None and isinstance(sampler, ExactSampler):
+            raise ValueError(
+                f"sampler.local_energy_dtype={local_energy_dtype} needs Monte Carlo samples; "
+                "the full sum's local energies come from one sparse product, not the network"
+            )
+        self._local_energy_network = NetworkCopy(
+            local_energy_dtype, key="sampler.local_energy_dtype"
+        )
         self.step_count = 0
         # fraction of a wall-clock budget spent, set by whoever keeps the clock; schedules
         # then run over n_iter or the budget, whichever ends first (None: steps only)
@@ -220,7 +239,12 @@ class VMC:
         timings["sampling"] = _lap(start)
         start = time.perf_counter()
         e_loc = sample_local_energy(
-            self.hamiltonian, self.model, self.sampler, samples, self.chunk_size
+            self.hamiltonian,
+            self.model,
+            self.sampler,
+            samples,
+            self.chunk_size,
+            network=self._local_energy_network(self.model),
         )
         stats = sample_statistics(e_loc, samples)
         timings["local_energy"] = _lap(start)
@@ -393,15 +417,21 @@ def sample_statistics(e_loc: torch.Tensor, samples: Samples) -> Stats:
     return statistics(e_loc, samples.weights)
 
 
-def sample_local_energy(hamiltonian, model, sampler, samples: Samples, chunk_size=None):
+def sample_local_energy(
+    hamiltonian, model, sampler, samples: Samples, chunk_size=None, *, network=None
+):
     """Returns the local energies of ``samples`` drawn by ``sampler``.
 
     The whole sector (exact sampler) takes one sparse matvec; Monte Carlo samples go
-    through ``local_energy`` and the network.
+    through ``local_energy`` and ``network`` (default ``model``; e.g. its float32 copy),
+    which evaluates the connected configurations only: the denominators ``ψ(x)`` are the
+    samples' own ``log ψ``. Rounding in a float32 ``log ψ(x)`` would scale every term of
+    ``E_loc(x)`` alike, while the numerators' errors partly average out over the terms.
     """
     if isinstance(sampler, ExactSampler):
         return sampler.local_energy(hamiltonian, samples.log_psi)
-    return local_energy(hamiltonian, model, samples.x, samples.log_psi, chunk_size)
+    network = model if network is None else network
+    return local_energy(hamiltonian, network, samples.x, samples.log_psi, chunk_size)
 
 
 def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor, importance=None):

@@ -1,0 +1,48 @@
+"""NetworkCopy: a model's copy in another dtype that follows the model's parameters."""
+
+import pytest
+import torch
+
+from vitqs.hilbert import SpinHalf
+from vitqs.models import build_model
+from vitqs.models.precision import NetworkCopy
+
+from .helpers import CHAIN, model_config, random_spins
+
+
+def _vit():
+    torch.manual_seed(0)
+    return build_model(model_config(), CHAIN, SpinHalf(8, 0)).to(torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float64])
+def test_the_model_itself_when_no_other_dtype_is_asked_for(dtype):
+    model = _vit()
+    assert NetworkCopy(dtype)(model) is model
+
+
+def test_a_float32_copy_follows_every_parameter_change():
+    model, copy = _vit(), NetworkCopy(torch.float32)
+    x = random_spins(16, 8, seed=1)
+    network = copy(model)
+    assert network is not model and next(network.parameters()).dtype == torch.float32
+    with torch.no_grad():
+        for p in model.parameters():  # an optimiser step
+            p.add_(0.05 * torch.randn_like(p))
+        before = network(x)
+        assert copy(model) is network  # made once, refreshed in place
+        after = network(x)
+        torch.testing.assert_close(after.to(torch.complex128), model(x), rtol=1e-5, atol=1e-5)
+    assert (after - before).abs().max() > 1e-3
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+
+
+def test_another_model_gets_a_copy_of_its_own():
+    copy = NetworkCopy(torch.float32)
+    first, second = _vit(), _vit()
+    assert copy(first) is not copy(second)
+
+
+def test_an_unknown_dtype_names_the_config_key():
+    with pytest.raises(ValueError, match=r"sampler.local_energy_dtype=torch.float16 is not one"):
+        NetworkCopy(torch.float16, key="sampler.local_energy_dtype")
