@@ -19,6 +19,7 @@ from vitqs.observables import (
     exact_one_body_density_matrix,
     exact_spin_correlations,
     momenta,
+    observables_of_vector,
     spin_observables,
     structure_factor,
 )
@@ -180,3 +181,24 @@ def test_boson_observables_from_samples_agree_within_error_bars():
         estimate = result[key]
         z = np.abs(estimate.mean - value) / np.maximum(estimate.error, 1e-12)
         assert np.max(z) < 4.5, f"{key}: {np.max(z):.2f} error bars off"
+
+
+@pytest.mark.parametrize(
+    "kind, name", [("spins", n) for n in SPIN_CASES] + [("bosons", n) for n in BOSON_CASES]
+)
+def test_observables_of_a_vector_are_those_of_the_full_sum_samples(kind, name):
+    # the run's full-sum route: the model's amplitudes over the sector, no network calls
+    cases, observables = {
+        "spins": (SPIN_CASES, spin_observables),
+        "bosons": (BOSON_CASES, boson_observables),
+    }[kind]
+    hamiltonian = cases[name]()
+    model = ComplexRBM(hamiltonian.n_sites, seed=9, scale=0.3)
+    samples = ExactSampler(hamiltonian.hilbert).sample(model)
+    from_samples = observables(hamiltonian, model, samples)
+    log_psi = samples.log_psi.reshape(-1).numpy()
+    from_vector = observables_of_vector(hamiltonian, np.exp(log_psi - log_psi.real.max()))
+    assert set(from_vector) == set(from_samples)
+    for key, estimate in from_vector.items():
+        np.testing.assert_allclose(estimate.mean, from_samples[key].mean, atol=1e-12, err_msg=key)
+        assert not np.any(estimate.error)

@@ -272,6 +272,7 @@ def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetri
     # checkpoint, independently of the cosets the code averages over
     from vitqs.lattice import Lattice
     from vitqs.models import Symmetrized
+    from vitqs.observables import exact_spin_correlations
     from vitqs.run import build_hamiltonian, build_network
 
     data = tiny_heisenberg(
@@ -296,6 +297,10 @@ def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetri
     energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
     assert summary["energy"] == pytest.approx(energy, rel=1e-10)
     assert summary["energy"] >= summary["exact_energy"] - 1e-10
+    # and the observables are those of the same vector (the run sums over its amplitudes)
+    corr = exact_spin_correlations(hamiltonian.hilbert, lattice, psi, hamiltonian.sign_rule)
+    np.testing.assert_allclose(record.observables["spin_correlations"], corr, atol=1e-12)
+    assert not record.observables["spin_correlations_error"].any()
 
 
 def test_final_state_is_the_mean_of_the_late_iterates(tmp_path):

@@ -4,7 +4,10 @@ From samples: an operator ``A`` is estimated as the mean of its local value
 ``A_loc(x) = Σ_x' A_{xx'} ψ(x')/ψ(x)`` under ``|ψ|²``, with error bars from independent
 chain means (`estimators.chain_error`); under the exact sampler the mean is the exact
 weighted sum and the error is 0. From a state vector over the sector (``exact_*``): the
-same expectation values by direct sums ``Σ_x ψ*(x) A_{xx'} ψ(x') / Σ|ψ|²``.
+same expectation values by direct sums ``Σ_x ψ*(x) A_{xx'} ψ(x') / Σ|ψ|²``. A full sum
+has the model's amplitudes of every state already, so `observables_of_vector` gives its
+observables from them with no further network evaluation (the sample route, equal to
+rounding, evaluates ψ at every pair-exchanged state: 43 s against 0.07 s on the J1-J2 4×4).
 
 Spins (S = σ/2, configurations ±1): ``S_i·S_j = x_i x_j/4 + ½ [x_i ≠ x_j] ψ(x^{ij})/ψ(x)``,
 ``x^{ij}`` with sites i and j exchanged. With the Marshall sign rule the wave function is
@@ -25,6 +28,7 @@ import numpy as np
 import torch
 
 from vitqs.estimators import amplitude_ratios, chain_error, sample_mean
+from vitqs.operators import Heisenberg
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,25 @@ def condensate_fraction(one_body_density_matrix: np.ndarray, n_particles: int) -
 
 
 # ------------------------------------------------------------ from a vector
+def observables_of_vector(hamiltonian, vector: np.ndarray) -> dict[str, Estimate]:
+    """Returns the observables of `spin_observables` (a `Heisenberg`) or `boson_observables`
+    (a `BoseHubbard`), with zero errors, of a state vector over the sector in ``all_states``
+    order (the ED ground state, or a model's amplitudes under the full sum)."""
+    hilbert, lattice = hamiltonian.hilbert, hamiltonian.lattice
+    if isinstance(hamiltonian, Heisenberg):
+        corr = exact_spin_correlations(hilbert, lattice, vector, hamiltonian.sign_rule)
+        values = {"spin_correlations": corr, "structure_factor": structure_factor(lattice, corr)}
+    else:
+        rho = exact_one_body_density_matrix(hilbert, vector)
+        values = {
+            "densities": exact_densities(hilbert, vector),
+            "density_correlations": exact_density_correlations(hilbert, vector),
+            "one_body_density_matrix": rho,
+            "condensate_fraction": np.asarray(condensate_fraction(rho, hilbert.n_particles)),
+        }
+    return {name: Estimate(value, np.zeros(np.shape(value))) for name, value in values.items()}
+
+
 def _vector_and_norm(vector: np.ndarray) -> tuple[np.ndarray, float]:
     vector = np.asarray(vector)
     return vector, float(np.vdot(vector, vector).real)
@@ -256,10 +279,10 @@ def exact_one_body_density_matrix(hilbert, vector: np.ndarray) -> np.ndarray:
     states = hilbert.all_states().astype(np.int64)
     n_sites = hilbert.n_sites
     rho = np.zeros((n_sites, n_sites), dtype=np.complex128)
+    rho[np.diag_indices(n_sites)] = exact_densities(hilbert, vector)
     for i in range(n_sites):
         for j in range(n_sites):
             if i == j:
-                rho[i, i] = exact_densities(hilbert, vector)[i]
                 continue
             # ⟨x| b_i† b_j |x'⟩ ≠ 0 for x' = x with one particle moved i -> j
             rows = np.nonzero((states[:, i] > 0) & (states[:, j] < hilbert.n_max))[0]

@@ -588,16 +588,20 @@ def _finish(run: Run, start: float) -> dict:
         "seconds": seconds,
         "seconds_per_iter": pystats.median(iter_seconds) if iter_seconds else math.nan,
     }
-    record.observables = _observables(run, model, samples)
+    record.observables = _observables(run, model, samples, sampler)
     record.status = "finished"
     _checkpoint(run, seconds)  # keeps the final parameters, and lets n_iter be raised later
     return summary(record, run.path)
 
 
-def _observables(run: Run, model, samples) -> dict:
+def _observables(run: Run, model, samples, sampler) -> dict:
     ham = run.hamiltonian
     chunk = run.config.sampler.chunk_size
-    if isinstance(ham, Heisenberg):
+    if isinstance(sampler, ExactSampler):  # every state's amplitude is known: direct sums
+        log_psi = samples.log_psi.reshape(-1).cpu().numpy().astype(np.complex128)
+        vector = np.exp(log_psi - log_psi.real.max())
+        measured = observables.observables_of_vector(ham, vector)
+    elif isinstance(ham, Heisenberg):
         measured = observables.spin_observables(ham, model, samples, chunk_size=chunk)
     else:
         measured = observables.boson_observables(ham, model, samples, chunk_size=chunk)
@@ -614,22 +618,9 @@ def _exact_observables(run: Run) -> dict:
     """Returns the same observables from the exact ground state, when the sector is small."""
     if run.record.exact is None or run.record.exact["dimension"] > 1_000_000:
         return {}
-    ham = run.hamiltonian
-    vector = exact_ground_state(run.config, ham, return_vector=True).vector
-    if isinstance(ham, Heisenberg):
-        corr = observables.exact_spin_correlations(ham.hilbert, ham.lattice, vector, ham.sign_rule)
-        return {
-            "exact_spin_correlations": corr,
-            "exact_structure_factor": observables.structure_factor(ham.lattice, corr),
-        }
-    rho = observables.exact_one_body_density_matrix(ham.hilbert, vector)
-    return {
-        "exact_densities": observables.exact_densities(ham.hilbert, vector),
-        "exact_one_body_density_matrix": rho,
-        "exact_condensate_fraction": np.asarray(
-            observables.condensate_fraction(rho, ham.hilbert.n_particles)
-        ),
-    }
+    vector = exact_ground_state(run.config, run.hamiltonian, return_vector=True).vector
+    measured = observables.observables_of_vector(run.hamiltonian, vector)
+    return {f"exact_{name}": np.asarray(estimate.mean) for name, estimate in measured.items()}
 
 
 def summary(record: results.RunRecord, path: Path) -> dict:
