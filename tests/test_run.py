@@ -391,6 +391,7 @@ def test_annealed_run_starts_on_the_first_hamiltonian_and_ends_on_the_config_s(t
     np.testing.assert_allclose(
         middle.to_dense(), BoseHubbard(target.lattice, 1.0, 2.5, n_particles=4).to_dense()
     )
+    assert middle.hilbert is target.hilbert  # its index tables are built once per run
     assert anneal.hamiltonian_at(0.5) is target and anneal.fraction == 1.0
 
 
