@@ -94,3 +94,19 @@ def test_impossible_spin_sectors(kwargs):
 def test_impossible_boson_sectors(kwargs, key):
     with pytest.raises(ValueError, match=key):
         Bosons(**kwargs)
+
+
+def test_contains_accepts_the_sector_and_nothing_else():
+    spins = SpinHalf(6, 1)
+    states = spins.all_states()
+    assert spins.contains(states).all()
+    flipped = states.copy()
+    flipped[:, 0] *= -1  # one spin flipped: another S^z
+    assert not spins.contains(flipped).any()
+    assert not spins.contains(np.zeros((2, 6))).any()  # 0 is not a spin value
+    assert not spins.contains(states[:, :5]).any()  # another number of sites
+
+    bosons = Bosons(4, 4, n_max=2)
+    assert bosons.contains(torch.as_tensor(bosons.all_states(), dtype=torch.float64)).all()
+    outside = np.array([[4, 0, 0, 0], [1, 1, 1, 0], [2, 2, 0, 1], [1.5, 1.5, 1, 0]])
+    assert not bosons.contains(outside).any()  # above n_max, N = 3, N = 5, not integers

@@ -176,8 +176,11 @@ def test_resume_refuses_a_changed_hamiltonian_and_continues_a_raised_n_iter(tmp_
     assert_one_line_error(code, err, "optimizer.n_iter")  # finished: nothing to continue
     assert h5.read_bytes() == before
 
+    # the precisions of the network copies change rounding, not the state: a resume may
     code, out, err = run_main(
-        capsys, "run", path, "--resume", "--quiet", "--json", "--set", "optimizer.n_iter=6"
+        capsys,
+        *("run", path, "--resume", "--quiet", "--json", "--set", "optimizer.n_iter=6"),
+        *("--set", "sampler.dtype=float32", "--set", "sampler.local_energy_dtype=float32"),
     )
     assert code == 0, err
     assert last_json(out)["n_iter"] == 6
@@ -468,3 +471,82 @@ def test_the_history_records_which_steps_the_trust_bound_shortened(tmp_path):
     data = tiny_heisenberg(tmp_path / "off", optimizer=optimizer)
     record = results.read_results(run_config(from_dict(data), progress=False)["results_file"])
     assert [row["update_capped"] for row in record.history] == [0.0] * 40
+
+
+def _rayleigh_quotient(model, hamiltonian) -> float:
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(model(x)).numpy()
+    return np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+
+
+def test_init_from_starts_from_the_earlier_run_s_final_state_averaged_or_not(tmp_path):
+    # full sum: the first step's energy is that of the state the run starts from. A bare
+    # run's final network, averaged over translations by the next run, must give the
+    # Rayleigh quotient of that average, rebuilt here from the first run's checkpoint
+    from vitqs.lattice import Lattice
+    from vitqs.models import Symmetrized
+    from vitqs.run import build_hamiltonian, build_network
+
+    sections = {"lattice": {"shape": [8], "pbc": True}, "sampler": {"kind": "full_sum"}}
+    bare = tiny_heisenberg(tmp_path / "out", name="bare", optimizer={"n_iter": 6}, **sections)
+    run_config(from_dict(bare), progress=False)
+    h5 = tmp_path / "out" / "bare.h5"
+    config = from_dict(bare)
+    hamiltonian = build_hamiltonian(config)
+    network = build_network(config, hamiltonian)
+    network.load_state_dict(results.load_checkpoint(results.read_results(h5))["model"])
+    averaged = Symmetrized(network, Lattice((8,), pbc=True).translations)
+
+    for name, model, init_from in (
+        ("again", network, h5),
+        ("sym", averaged, h5),
+        ("new", None, None),
+    ):
+        data = tiny_heisenberg(tmp_path / "out", name=name, optimizer={"n_iter": 1}, **sections)
+        data["model"].update(init_from=None if init_from is None else str(init_from))
+        data["model"]["symmetrize"] = "translations" if name == "sym" else "none"
+        summary = run_config(from_dict(data), progress=False)
+        first = results.read_results(summary["results_file"]).history[0]["energy"]
+        if model is None:  # random parameters: far from the trained state
+            assert first > _rayleigh_quotient(network, hamiltonian) + 0.1
+        else:
+            assert first == pytest.approx(_rayleigh_quotient(model, hamiltonian), rel=1e-10)
+
+
+def test_init_from_starts_the_chains_from_the_earlier_run_s_chains(tmp_path):
+    from vitqs.run import build_vmc, start_from_results
+
+    run_config(from_dict(tiny_heisenberg(tmp_path / "out")), progress=False)
+    h5 = tmp_path / "out" / "tiny.h5"
+    earlier = results.load_checkpoint(results.read_results(h5))["sampler"]["chains"]  # (16, 6)
+
+    data = tiny_heisenberg(tmp_path / "b", sampler={"n_chains": 32}, model={"init_from": str(h5)})
+    config = from_dict(data)
+    vmc = build_vmc(config)
+    start_from_results(config, vmc.model, vmc.sampler)
+    chains = vmc.sampler.state_dict()["chains"]
+    torch.testing.assert_close(chains, torch.cat([earlier, earlier]), rtol=0, atol=0)
+    vmc.sampler.sample(vmc.model)  # the chains run on from there with the sampler's own seed
+
+    # chains of another sector (total S^z = 1) are not states of this one: random chains
+    other = tiny_heisenberg(tmp_path / "c", model={"init_from": str(h5)})
+    other["hamiltonian"]["total_sz"] = 1.0
+    config = from_dict(other)
+    vmc = build_vmc(config)
+    start_from_results(config, vmc.model, vmc.sampler)
+    assert vmc.sampler.state_dict() == {}
+
+
+def test_init_from_refuses_a_missing_file_and_parameters_that_do_not_fit(tmp_path, capsys):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    for override, names in (
+        (f"model.init_from={tmp_path / 'none.h5'}", ("model.init_from", "none.h5", "no such")),
+        (f"model.init_from={h5}", ("model.init_from", "model.d_model=4 here, 8 there")),
+    ):
+        argv = ("run", path, "--set", "name=other", "--set", "model.d_model=4")
+        code, _, err = run_main(capsys, *argv, "--set", override)
+        assert_one_line_error(code, err, *names)
+    assert sorted(os.listdir(tmp_path / "out")) == ["tiny.h5"]  # nothing written

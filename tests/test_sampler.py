@@ -229,3 +229,23 @@ def test_bad_settings_raise_with_the_config_key(kwargs, key):
 def test_exchange_rule_on_bosons_is_rejected():
     with pytest.raises(ValueError, match="sampler.rule"):
         MetropolisSampler(BoseHubbard(Lattice((4,))), n_samples=4, n_chains=4, rule="exchange")
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_started_chains_run_on_from_the_given_configurations_with_the_sampler_s_seed():
+    hamiltonian = Heisenberg(Lattice((6,)), J1=1.0)
+    model = ComplexRBM(6, n_hidden=4, scale=0.3, seed=2)
+    given = torch.as_tensor(hamiltonian.hilbert.all_states()[[0, 5, 9]], dtype=torch.float64)
+    started = MetropolisSampler(hamiltonian, n_samples=14, n_chains=7, n_discard=1, seed=4)
+    started.start_chains(given)
+    restored = MetropolisSampler(hamiltonian, n_samples=14, n_chains=7, n_discard=1, seed=4)
+    cycled = given[[0, 1, 2, 0, 1, 2, 0]]
+    restored.load_state_dict(
+        {"chains": cycled, "generator": torch.Generator().manual_seed(4).get_state()}
+    )
+    torch.testing.assert_close(started.sample(model).x, restored.sample(model).x, rtol=0, atol=0)
+
+    magnetised = torch.tensor([[1.0, 1.0, 1.0, 1.0, -1.0, -1.0]])  # S^z = 1, not 0
+    for wrong in (magnetised, given[:, :5]):
+        with pytest.raises(ValueError, match="not states of this sector"):
+            started.start_chains(wrong)

@@ -221,6 +221,11 @@ class ModelConfig:
     # a real log ψ (ψ > 0): right for a Hamiltonian without a sign problem, whose ground
     # state is positive (Perron-Frobenius); half the log-derivatives, a 4x cheaper minSR solve
     positive: bool = option(False, boolean())
+    # a results file (.h5) of an earlier run to start from: its checkpoint's parameters (a
+    # finished run's final state) and, when they are states of this sector, its Monte Carlo
+    # chains. The network's shape must match; symmetrize and spin_flip may differ, so a
+    # cheap bare run can be finished averaged. null: random parameters
+    init_from: str | None = option(None, optional(text()))
 
 
 @dataclass

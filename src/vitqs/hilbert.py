@@ -82,6 +82,16 @@ class _FixedSector(ABC):
             digits[:, i] = (codes >> (self.bits * i)) & mask
         return digits
 
+    def contains(self, states) -> np.ndarray:
+        """Returns whether each configuration ``(B, n)`` is a state of this sector, bool ``(B,)``
+        (False for every row when ``n`` is not ``n_sites``)."""
+        states = states.cpu().numpy() if isinstance(states, torch.Tensor) else np.asarray(states)
+        if states.ndim != 2 or states.shape[1] != self.n_sites:
+            return np.zeros(len(states), dtype=bool)
+        local = np.isin(states, self.local_states).all(axis=1)
+        safe = np.where(local[:, None], states, self.local_states[0])  # to_digits wants these
+        return local & (self.to_digits(safe).sum(axis=1) == self._n_digit_sum)
+
     def state_index(self, states) -> np.ndarray:
         """Returns the index of each state ``(B, n_sites)`` in ``all_states()``, as int64 ``(B,)``.
 

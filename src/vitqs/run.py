@@ -26,7 +26,7 @@ from vitqs import exact, observables, results
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict
 from vitqs.estimators import statistics
 from vitqs.lattice import Lattice
-from vitqs.models import build_model, final_symmetrized, invariances
+from vitqs.models import build_model, final_symmetrized, invariances, load_network_state
 from vitqs.operators import BoseHubbard, Heisenberg
 from vitqs.sampler import ExactSampler, MetropolisSampler
 from vitqs.sr import set_parameter_vector
@@ -51,8 +51,14 @@ _RESUMABLE_CHANGES = (
     "exact.max_dim",
     "optimizer.max_seconds",
     "sampler.max_frozen_steps",
+    # precisions of network copies: rounding changes, the state does not
+    "sampler.dtype",
+    "sampler.local_energy_dtype",
 )
 _FULL_SUM_MAX_DIM = 200_000
+# model keys that change no parameter's shape or meaning: a run may start from another's
+# parameters across them (model.init_from)
+_MAY_DIFFER_FROM_INIT = ("symmetrize", "spin_flip", "init_from", "head_init_std")
 
 
 class RunInterrupted(RuntimeError):
@@ -326,9 +332,49 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
             raise ConfigError(
                 f"warm_start: the previous point's parameters do not fit this model.* ({reason})"
             ) from None
+    elif config.model.init_from is not None:
+        start_from_results(config, model, sampler)
     record = _new_record(config, hamiltonian, model)
     results.write_results(path, record)  # claims the name; replaced atomically from now on
     return Run(config, hamiltonian, model, sampler, vmc, record, path)
+
+
+def start_from_results(config: Config, model, sampler) -> None:
+    """``model.init_from``: loads the parameters of another run's checkpoint into ``model`` and
+    starts ``sampler``'s chains from its chains when they are states of this sector."""
+    where = f"model.init_from='{config.model.init_from}'"
+    try:
+        record = results.read_results(config.model.init_from)
+    except results.ResultsError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    if record.checkpoint is None:
+        raise ConfigError(f"{where}: the run holds no checkpoint yet; name a run that has one")
+    state = results.load_checkpoint(record)
+    try:
+        load_network_state(model, state["model"])
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        reason = _model_differences(record, config) or lines[-1]
+        raise ConfigError(
+            f"{where}: its parameters do not fit this model ({reason}); model.* must be "
+            "that run's, except symmetrize and spin_flip"
+        ) from None
+    chains = state["sampler"].get("chains")
+    if chains is not None and not isinstance(sampler, ExactSampler):
+        if sampler.hilbert.contains(chains).all():  # another sector: random chains, as usual
+            sampler.start_chains(chains)
+
+
+def _model_differences(record: results.RunRecord, config: Config) -> str:
+    """Returns the model keys whose values differ between ``record``'s run and ``config``."""
+    earlier = (yaml.safe_load(record.config_yaml) or {}).get("model", {})
+    now = dataclasses.asdict(config.model)
+    differ = [
+        f"model.{key}={now[key]} here, {earlier[key]} there"
+        for key in now
+        if key in earlier and earlier[key] != now[key] and key not in _MAY_DIFFER_FROM_INIT
+    ]
+    return "; ".join(differ)
 
 
 def _new_record(config: Config, hamiltonian, model) -> results.RunRecord:

@@ -166,13 +166,36 @@ class MetropolisSampler:
             self._generator.manual_seed(self.seed)
             self._chains = None
         if self._pending_state is not None:
-            self._generator.set_state(self._pending_state["generator"])
+            if self._pending_state["generator"] is not None:  # None: chains given, no RNG state
+                self._generator.set_state(self._pending_state["generator"])
             self._chains = self._pending_state["chains"]
             self._pending_state = None
         if self._chains is None:
             self._chains = self.hilbert.random_states(self.n_chains, self._generator)
         self._chains = self._chains.to(device=device, dtype=dtype)
         self._move_index = torch.as_tensor(self._moves, device=device)
+
+    def start_chains(self, chains) -> None:
+        """Starts the chains from these configurations ``(n, n_sites)`` (e.g. the chains of
+        an earlier run of a nearby state), taken in turn until there are ``n_chains``.
+
+        Chains already near ``|ψ|²`` need no long thermalisation; random ones, which a
+        warm-started run would otherwise begin from, feed its first steps samples of the wrong
+        distribution. The generator keeps its own seed. Applied at the next call.
+
+        Raises:
+            ValueError: when a configuration is not a state of this sampler's sector.
+        """
+        chains = torch.as_tensor(chains, dtype=torch.float64).cpu()
+        valid = self.hilbert.contains(chains)
+        if chains.ndim != 2 or len(chains) == 0 or not valid.all():
+            raise ValueError(
+                f"start_chains: {int((~valid).sum())} of {len(chains)} configurations of shape "
+                f"{tuple(chains.shape)} are not states of this sector "
+                f"({self.hilbert.describe()})"
+            )
+        turns = torch.arange(self.n_chains) % len(chains)
+        self._pending_state = {"chains": chains[turns], "generator": None}
 
     def state_dict(self) -> dict:
         """Returns the chains (CPU, float64) and the generator state, for checkpoints."""

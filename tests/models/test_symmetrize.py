@@ -118,3 +118,23 @@ def test_symmetrize_translations_leaves_symmetric_models_alone():
     assert symmetrize_translations(averaged, lattice) is averaged
     bare = _vit(lattice)  # not invariant: every translation is averaged
     assert symmetrize_translations(bare, lattice).translations.shape[0] == 16
+
+
+def test_network_state_loads_across_the_symmetry_average_both_ways():
+    from vitqs.models import load_network_state
+
+    lattice = Lattice((8,))
+    trained, fresh = _vit(lattice), ViT(lattice.shape, 2, 8, 2, 1, translation_invariant=False)
+    averaged = Symmetrized(fresh, lattice.translations, spin_flip=1)
+    load_network_state(averaged, trained.state_dict())  # bare -> averaged
+    x = random_spins(16, 8)
+    torch.testing.assert_close(
+        averaged(x), Symmetrized(trained, lattice.translations, spin_flip=1)(x), rtol=0, atol=0
+    )
+    back = ViT(lattice.shape, 2, 8, 2, 1, translation_invariant=False)
+    load_network_state(back, averaged.state_dict())  # averaged -> bare
+    torch.testing.assert_close(back(x), trained(x), rtol=0, atol=0)
+
+    wider = ViT(lattice.shape, 2, 16, 2, 1, translation_invariant=False)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_network_state(wider, averaged.state_dict())

@@ -8,6 +8,7 @@ from vitqs.models.symmetrize import (
     complex_logsumexp,
     final_symmetrized,
     invariances,
+    load_network_state,
     symmetrize_space_group,
     symmetrize_translations,
 )
@@ -25,4 +26,5 @@ __all__ = [
     "symmetrize_space_group",
     "final_symmetrized",
     "invariances",
+    "load_network_state",
 ]

@@ -186,3 +186,21 @@ def invariances(model: nn.Module, lattice) -> tuple[np.ndarray, int]:
         return table[:1], spin_flip
     dx, dy = _shift_vectors(lattice)
     return table[(dx % period[0] == 0) & (dy % period[1] == 0)], spin_flip
+
+
+def load_network_state(model: nn.Module, state: dict) -> None:
+    """Loads the ``state_dict`` of a network into ``model``, either of them averaged by
+    `Symmetrized` or not.
+
+    The average over symmetry copies adds no parameters: a network trained bare can go on
+    averaged (cheap steps first, the symmetric state last), and back.
+
+    Raises:
+        RuntimeError: from ``load_state_dict``, when the parameters do not fit the network.
+    """
+    bare = model.model if isinstance(model, Symmetrized) else model
+    if set(state) != set(bare.state_dict()):
+        wrapped = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        if len(wrapped) == len(state):  # saved from a Symmetrized: its network is "model"
+            state = wrapped
+    bare.load_state_dict(state)
