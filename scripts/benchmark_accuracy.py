@@ -158,7 +158,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
         "threads": config.threads or torch.get_num_threads(),
         "estimator": _estimator(full_sum, summed, (record.exact or {}).get("dimension"))
         + _tempered(config.sampler.machine_pow)
-        + _final_average(config.final.symmetrize)
+        + _final_average(config.final.symmetrize, config.final.spin_flip)
         + _annealed(config.optimizer)
         + _averaged(config.optimizer.average_from),
         "n_iter": summary["n_iter"],
@@ -192,9 +192,12 @@ def _tempered(machine_pow: float) -> str:
     return f" (steps on samples of |ψ|^{machine_pow:g}, reweighted to |ψ|²)"
 
 
-def _final_average(symmetrize: str) -> str:
+def _final_average(symmetrize: str, spin_flip: int = 0) -> str:
     names = {"translations": "translation-averaged", "space_group": "space-group-averaged"}
-    return f", final ψ {names[symmetrize]}" if symmetrize in names else ""
+    averages = [names[symmetrize]] if symmetrize in names else []
+    if spin_flip:
+        averages.append(f"projected on spin inversion {spin_flip:+d}")
+    return f", final ψ {' and '.join(averages)}" if averages else ""
 
 
 def _annealed(optimizer) -> str:

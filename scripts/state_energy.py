@@ -108,7 +108,9 @@ def _final_model(config, hamiltonian, model_state: dict, theta=None):
     model.load_state_dict(model_state)
     if theta is not None:
         set_parameter_vector(model, theta)
-    return final_symmetrized(model, config.final.symmetrize, hamiltonian.lattice)
+    return final_symmetrized(
+        model, config.final.symmetrize, hamiltonian.lattice, config.final.spin_flip
+    )
 
 
 def by_probability(path: Path, max_dim: int, symmetrize: str | None = None) -> dict | None:

@@ -214,6 +214,23 @@ BAD = {
         ),
         "J=-1.0",
     ),
+    # spin inversion maps only the S^z = 0 sector of spins to itself
+    "final_spin_flip_bosons": (
+        lambda d: (
+            d["final"].update(spin_flip=1),
+            d.update(hamiltonian={"kind": "bose_hubbard", "n_particles": 4}),
+        ),
+        "final.spin_flip=1 needs spins at hamiltonian.total_sz=0",
+    ),
+    "final_spin_flip_magnetised": (
+        lambda d: (d["final"].update(spin_flip=-1), d["hamiltonian"].update(total_sz=1)),
+        "final.spin_flip=-1 needs spins",
+    ),
+    "final_spin_flip_against_the_model": (
+        lambda d: (d["final"].update(spin_flip=-1), d["model"].update(spin_flip=1)),
+        "final.spin_flip=-1 contradicts model.spin_flip=1",
+    ),
+    "final_spin_flip_choice": (lambda d: d["final"].update(spin_flip=2), "final.spin_flip"),
 }
 
 

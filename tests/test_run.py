@@ -181,6 +181,7 @@ def test_resume_refuses_a_changed_hamiltonian_and_continues_a_raised_n_iter(tmp_
         capsys,
         *("run", path, "--resume", "--quiet", "--json", "--set", "optimizer.n_iter=6"),
         *("--set", "sampler.dtype=float32", "--set", "sampler.local_energy_dtype=float32"),
+        *("--set", "final.symmetrize=translations"),  # the final average: after the steps
     )
     assert code == 0, err
     assert last_json(out)["n_iter"] == 6
@@ -550,3 +551,31 @@ def test_init_from_refuses_a_missing_file_and_parameters_that_do_not_fit(tmp_pat
         code, _, err = run_main(capsys, *argv, "--set", override)
         assert_one_line_error(code, err, *names)
     assert sorted(os.listdir(tmp_path / "out")) == ["tiny.h5"]  # nothing written
+
+
+def test_final_spin_flip_measures_the_projected_average(tmp_path):
+    # full sum: a bare-trained network measured averaged over translations and projected
+    # on spin inversion +1 (the sector of the 8-site ring's ground state): the final energy
+    # is the Rayleigh quotient of that projection, rebuilt here from the checkpoint
+    from vitqs.lattice import Lattice
+    from vitqs.models import Symmetrized
+    from vitqs.run import build_hamiltonian, build_network
+
+    data = tiny_heisenberg(
+        tmp_path / "out",
+        lattice={"shape": [8], "pbc": True},
+        sampler={"kind": "full_sum"},
+        final={"symmetrize": "translations", "spin_flip": 1},
+    )
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    hamiltonian = build_hamiltonian(config)
+    network = build_network(config, hamiltonian)
+    network.load_state_dict(
+        results.load_checkpoint(results.read_results(summary["results_file"]))["model"]
+    )
+    translations = Lattice((8,), pbc=True).translations
+    projected = Symmetrized(network, translations, spin_flip=1)
+    assert summary["energy"] == pytest.approx(_rayleigh_quotient(projected, hamiltonian), rel=1e-10)
+    averaged_only = _rayleigh_quotient(Symmetrized(network, translations), hamiltonian)
+    assert abs(summary["energy"] - averaged_only) > 1e-8  # the projection changed the state

@@ -302,6 +302,9 @@ class FinalConfig:
     # measure the final energy of ψ averaged over the lattice translations (a k = 0 projection),
     # or over the space group (translations after rotations and reflections)
     symmetrize: str = option("none", choice("none", "translations", "space_group"))
+    # and over spin inversion, projecting on this eigenvalue (S^z = 0 spins only; 0: off):
+    # for a model trained without model.spin_flip, whose sector is known
+    spin_flip: int = option(0, choice(0, 1, -1))
 
 
 @dataclass
@@ -445,6 +448,7 @@ def _check_consistency(config: Config) -> None:
                 f"with n_max={n_max}: at most {n_sites * n_max}"
             )
     _check_positive(config.model, ham)
+    _check_final_spin_flip(config)
     _check_schedules(config.optimizer)
     _check_anneal(config)
     _check_metropolis_only(config)
@@ -459,6 +463,23 @@ def _check_consistency(config: Config) -> None:
     ):
         raise ConfigError(
             f"device={device!r} is not allowed; choose one of: auto | cpu | cuda | cuda:N"
+        )
+
+
+def _check_final_spin_flip(config: Config) -> None:
+    flip, trained = config.final.spin_flip, config.model.spin_flip
+    if not flip:
+        return
+    ham = config.hamiltonian
+    if not isinstance(ham, HeisenbergConfig) or ham.total_sz != 0:
+        raise ConfigError(
+            f"final.spin_flip={flip} needs spins at hamiltonian.total_sz=0, the only sector "
+            "that spin inversion maps to itself; set final.spin_flip=0"
+        )
+    if trained and trained != flip:
+        raise ConfigError(
+            f"final.spin_flip={flip} contradicts model.spin_flip={trained}, which the model "
+            "already projects on; set final.spin_flip=0 (or equal to model.spin_flip)"
         )
 
 

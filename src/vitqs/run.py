@@ -51,6 +51,9 @@ _RESUMABLE_CHANGES = (
     "exact.max_dim",
     "optimizer.max_seconds",
     "sampler.max_frozen_steps",
+    # the final average: measured once the steps are done
+    "final.symmetrize",
+    "final.spin_flip",
     # precisions of network copies: rounding changes, the state does not
     "sampler.dtype",
     "sampler.local_energy_dtype",
@@ -614,7 +617,8 @@ def _finish(run: Run, start: float) -> dict:
     averaged = run.vmc.averaged_parameters()
     if averaged is not None:  # the final state is the mean of the late iterates
         set_parameter_vector(run.model, averaged[0])
-    model = final_symmetrized(run.model, config.final.symmetrize, run.hamiltonian.lattice)
+    lattice = run.hamiltonian.lattice
+    model = final_symmetrized(run.model, config.final.symmetrize, lattice, config.final.spin_flip)
     # site-resolved observables need every state, not one per orbit; the final energy and
     # observables are measured on |ψ|² itself, whatever sampler.machine_pow the steps used
     if isinstance(run.sampler, ExactSampler):

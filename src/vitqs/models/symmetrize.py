@@ -104,16 +104,38 @@ def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
 FINAL_SYMMETRIZE = ("none", "translations", "space_group")  # the final.symmetrize values
 
 
-def final_symmetrized(model: nn.Module, symmetrize: str, lattice) -> nn.Module:
-    """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `FINAL_SYMMETRIZE`),
-    on the device of its parameters."""
+def final_symmetrized(model: nn.Module, symmetrize: str, lattice, spin_flip: int = 0) -> nn.Module:
+    """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `FINAL_SYMMETRIZE`) and
+    projected on the spin-inversion eigenvalue ``final.spin_flip`` (0: none), on the device
+    of its parameters."""
     if symmetrize not in FINAL_SYMMETRIZE:
         raise ValueError(f"final.symmetrize={symmetrize!r} is not one of {list(FINAL_SYMMETRIZE)}")
-    if symmetrize == "none":
-        return model
-    average = symmetrize_translations if symmetrize == "translations" else symmetrize_space_group
+    check_choice("spin_flip", spin_flip, (0, 1, -1))
     device = next(model.parameters()).device
-    return average(model, lattice).to(device)
+    if symmetrize != "none":
+        average = (
+            symmetrize_translations if symmetrize == "translations" else symmetrize_space_group
+        )
+        model = average(model, lattice)
+    if spin_flip:
+        model = _with_spin_flip(model, spin_flip, lattice.n_sites)
+    return model.to(device)
+
+
+def _with_spin_flip(model: nn.Module, spin_flip: int, n_sites: int) -> nn.Module:
+    """Returns ``model`` (averaged or not) also projected on spin inversion ``spin_flip``."""
+    if not isinstance(model, Symmetrized):
+        identity = np.arange(n_sites)[None, :]
+        return Symmetrized(model, identity, spin_flip=spin_flip)
+    if model.spin_flip == spin_flip:
+        return model
+    if model.spin_flip:
+        raise ValueError(
+            f"final.spin_flip={spin_flip} contradicts the model's own projection "
+            f"model.spin_flip={model.spin_flip}"
+        )
+    table = model.translations.cpu().numpy()
+    return Symmetrized(model.model, table, spin_flip=spin_flip, group=model.group)
 
 
 def symmetrize_space_group(model: nn.Module, lattice) -> nn.Module:
