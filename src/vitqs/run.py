@@ -364,8 +364,8 @@ def start_from_results(config: Config, model, sampler) -> None:
         ) from None
     chains = state["sampler"].get("chains")
     if chains is not None and not isinstance(sampler, ExactSampler):
-        if sampler.hilbert.contains(chains).all():  # another sector: random chains, as usual
-            sampler.start_chains(chains)
+        with contextlib.suppress(ValueError):  # another sector: random chains, as usual
+            sampler.start_chains(chains)  # checks the chains against the sector itself
 
 
 def _model_differences(record: results.RunRecord, config: Config) -> str:
