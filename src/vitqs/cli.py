@@ -77,14 +77,18 @@ def _cmd_ed(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from vitqs.run import run_config
+    from vitqs import distributed
+    from vitqs.run import resolve_device, run_config
 
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     config = load(args.config, args.overrides)
-    summary = run_config(
-        config, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet
-    )
+    with distributed.process_group(resolve_device(config.device)):
+        summary = run_config(
+            config, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet
+        )
+        if not distributed.is_root():  # rank 0 speaks for the run
+            return 0
     print(_run_text(summary))
     if args.json:
         print(json.dumps(summary))
@@ -123,10 +127,16 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
+    from vitqs import distributed
     from vitqs.plots import markdown_table
-    from vitqs.sweep import run_sweep
+    from vitqs.run import resolve_device
+    from vitqs.sweep import load_sweep, point_configs, run_sweep
 
-    outcome = run_sweep(args.sweep, progress=not args.quiet)
+    device = resolve_device(point_configs(load_sweep(args.sweep))[0][1].device)
+    with distributed.process_group(device):
+        outcome = run_sweep(args.sweep, progress=not args.quiet)
+        if not distributed.is_root():
+            return 0
     rows = outcome["rows"]
     print(markdown_table(rows, list(dict.fromkeys(k for row in rows for k in row))))
     for path in outcome["tables"] + outcome["figures"]:
@@ -168,6 +178,7 @@ def _bench_speed(args) -> int:
 
 _BENCHES = {"accuracy": _bench_accuracy, "speed": _bench_speed}
 
+_DISTRIBUTED_COMMANDS = ("run", "sweep")
 _COMMANDS = {
     "ed": _cmd_ed,
     "run": _cmd_run,
@@ -183,6 +194,17 @@ def _interruption():
     return RunInterrupted
 
 
+def _check_launch(command: str) -> None:
+    """Refuses, under ``torchrun`` with several ranks, a command that runs in one process."""
+    from vitqs.distributed import launched
+
+    if launched() and command not in _DISTRIBUTED_COMMANDS:
+        raise ConfigError(
+            f"'vitqs {command}' runs in one process; under torchrun only "
+            f"{' and '.join(_DISTRIBUTED_COMMANDS)} spread over ranks (start it without torchrun)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one ``vitqs`` command; returns the exit code (2 for bad input)."""
     parser = _parser()
@@ -191,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
     try:
+        _check_launch(args.command)
         return _COMMANDS[args.command](args)
     except ConfigError as err:
         print(f"vitqs {args.command}: error: {err}", file=sys.stderr)

@@ -1,8 +1,10 @@
 """Local energies, Monte Carlo statistics and the V-score.
 
 Every mean over samples in vitqs goes through `sample_mean`, which sums through `reduce_sum`:
-that is the one place where a ``torch.distributed`` all-reduce across ranks slots in. Sums
-that stay inside one Markov chain (a chain lives on one rank) need no reduction.
+the one place where sums cross ``torch.distributed`` ranks (each rank holds its own chains).
+Sums that stay inside one Markov chain (a chain lives on one rank) need no reduction; counts
+of samples and chains are totals over ranks (`total_count`). Without an initialised process
+group of more than one rank every collective here is the identity.
 
 Samples come with chain structure ``(n_chains, n_per_chain, ...)``; the exact (full-sum)
 sampler gives one "chain" holding the whole sector together with weights ``|ψ|²/Σ|ψ|²``.
@@ -14,23 +16,92 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 # Sokal's window constant for the integrated autocorrelation time (Sokal 1997; emcee).
 _SOKAL_WINDOW = 5.0
 
 
+def world_size() -> int:
+    """Returns the number of ``torch.distributed`` ranks (1 without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def rank() -> int:
+    """Returns this process's ``torch.distributed`` rank (0 without a process group)."""
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+def _as_real(x: torch.Tensor) -> torch.Tensor:
+    # collectives move real numbers; a complex tensor travels as (..., 2) reals
+    return torch.view_as_real(x) if x.is_complex() else x
+
+
+def _on_wire(x: torch.Tensor) -> torch.Tensor:
+    """Returns a contiguous copy of ``x`` on the device the backend moves: NCCL moves CUDA
+    tensors only, gloo CPU ones (a CUDA tensor goes through host memory)."""
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    return x.to(device, copy=True).contiguous()
+
+
 def reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """Returns the sum of ``x`` over all ranks; the identity on one process.
+    """Returns the sum of ``x`` over all ranks (a new tensor); ``x`` itself on one process.
 
     This is the single place where a ``torch.distributed.all_reduce`` goes.
     """
-    return x
+    if world_size() == 1:
+        return x
+    total = _on_wire(x)
+    dist.all_reduce(_as_real(total), op=dist.ReduceOp.SUM)
+    return total.to(x.device)
 
 
 def reduce_max(x: torch.Tensor) -> torch.Tensor:
-    """Returns the maximum of ``x`` over all ranks; the identity on one process (the place
-    for a ``torch.distributed.all_reduce`` with ``MAX``)."""
-    return x
+    """Returns the maximum of real ``x`` over all ranks; ``x`` itself on one process."""
+    if world_size() == 1:
+        return x
+    largest = _on_wire(x)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return largest.to(x.device)
+
+
+def total_count(n: int, device=None) -> int:
+    """Returns the sum of the per-rank count ``n`` (samples, chains) over all ranks."""
+    if world_size() == 1:
+        return int(n)
+    return int(reduce_sum(torch.tensor(int(n), dtype=torch.int64, device=device)))
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Returns the rows ``(n_r, ...)`` of every rank stacked in rank order ``(Σ n_r, ...)``;
+    ranks may hold different numbers of rows. ``x`` itself on one process."""
+    if world_size() == 1:
+        return x
+    local = _on_wire(x)
+    n_rows = torch.tensor([x.shape[0]], dtype=torch.int64, device=local.device)
+    counts = [torch.zeros_like(n_rows) for _ in range(world_size())]
+    dist.all_gather(counts, n_rows)
+    counts = [int(c) for c in counts]
+    padded = torch.zeros((max(counts), *x.shape[1:]), dtype=x.dtype, device=local.device)
+    padded[: x.shape[0]] = local  # all_gather needs equal shapes: pad to the longest
+    parts = [torch.zeros_like(padded) for _ in counts]
+    dist.all_gather([_as_real(p) for p in parts], _as_real(padded))
+    return torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)]).to(x.device)
+
+
+def broadcast_from_root(x: torch.Tensor) -> torch.Tensor:
+    """Returns rank 0's ``x`` on every rank (``x`` itself on one process): decisions and
+    updates that every rank must apply alike, whatever rounding each rank's own copy saw."""
+    if world_size() == 1:
+        return x
+    out = _on_wire(x)
+    dist.broadcast(_as_real(out), src=0)
+    return out.to(x.device)
 
 
 def sample_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -247,11 +318,11 @@ def statistics(values: torch.Tensor, weights: torch.Tensor | None = None) -> Sta
     flat_weights = None if weights is None else weights.reshape(-1)
     mean = sample_mean(flat, flat_weights)
     variance = float(sample_mean((flat - mean).abs() ** 2, flat_weights))
-    n = flat.shape[0]
+    n = total_count(flat.shape[0], flat.device)
     if weights is not None:
         return Stats(complex(mean), 0.0, variance, 0.0, 1.0, n)
     tau = integrated_time(values, mean, variance)
-    if values.shape[0] >= 2:
+    if total_count(values.shape[0], values.device) >= 2:
         error = float(chain_error(values.mean(dim=1), mean))
     else:
         error = math.sqrt(variance * (1 + 2 * tau) / n)
@@ -285,22 +356,24 @@ def importance_statistics(values: torch.Tensor, weights: torch.Tensor) -> Stats:
     plain_mean = sample_mean(values.reshape(-1))
     plain_variance = float(sample_mean((values.reshape(-1) - plain_mean).abs() ** 2))
     tau = integrated_time(values, plain_mean, plain_variance)
-    n_chains = values.shape[0]
+    n_chains = total_count(values.shape[0], values.device)
     if n_chains >= 2:
         per_chain = (weights * deviation).sum(dim=1).abs() ** 2
         spread = reduce_sum(per_chain.sum()) * n_chains / (n_chains - 1)
     else:
         spread = reduce_sum((weights**2 * deviation.abs() ** 2).sum()) * (1 + 2 * tau)
     error = math.sqrt(float(spread))
-    return Stats(complex(mean), error, variance, tau, split_r_hat(values), values.numel())
+    n = total_count(values.numel(), values.device)
+    return Stats(complex(mean), error, variance, tau, split_r_hat(values), n)
 
 
 def chain_error(chain_means: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """Returns the error of the mean from independent chain means ``(n_chains, ...)``.
 
-    ``sqrt(Σ_c |m_c − mean|² / (n_chains (n_chains − 1)))``, elementwise over trailing axes.
+    ``sqrt(Σ_c |m_c − mean|² / (n_chains (n_chains − 1)))``, elementwise over trailing axes;
+    ``n_chains`` counts the chains of every rank.
     """
-    n_chains = chain_means.shape[0]
+    n_chains = total_count(chain_means.shape[0], chain_means.device)
     spread = sample_mean((chain_means - mean).abs() ** 2)
     return torch.sqrt(spread / max(n_chains - 1, 1))
 
@@ -339,7 +412,8 @@ def split_r_hat(values: torch.Tensor) -> float:
     half_means = halves.mean(dim=1)
     within = sample_mean(((halves - half_means[:, None]).abs() ** 2).sum(dim=1) / (half - 1))
     between = sample_mean((half_means - sample_mean(half_means)).abs() ** 2)
-    between = between * halves.shape[0] / max(halves.shape[0] - 1, 1)
+    n_halves = total_count(halves.shape[0], halves.device)
+    between = between * n_halves / max(n_halves - 1, 1)
     if float(within) <= 0:
         return 1.0
     return math.sqrt(float(((half - 1) / half * within + between) / within))

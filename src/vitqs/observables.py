@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vitqs.estimators import amplitude_ratios, chain_error, sample_mean
+from vitqs.estimators import amplitude_ratios, chain_error, gather_rows, sample_mean, total_count
 from vitqs.operators import Heisenberg
 
 
@@ -91,7 +91,7 @@ def _estimate(chain_means: torch.Tensor, exact: bool) -> Estimate:
     if exact:
         return Estimate(chain_means[0].cpu().numpy(), np.zeros(chain_means.shape[1:]))
     mean = sample_mean(chain_means)
-    if chain_means.shape[0] < 2:
+    if total_count(chain_means.shape[0], chain_means.device) < 2:
         return Estimate(mean.cpu().numpy(), np.full(mean.shape, np.nan))
     return Estimate(mean.cpu().numpy(), chain_error(chain_means, mean).cpu().numpy())
 
@@ -164,7 +164,8 @@ def boson_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[s
     densities, density_corr, rho = (_estimate(m, exact) for m in chain_means)
     n_particles = hamiltonian.hilbert.n_particles
     fraction = condensate_fraction(rho.mean, n_particles)
-    error = 0.0 if exact else _jackknife_error(chain_means[2].cpu().numpy(), n_particles)
+    rho_chains = None if exact else gather_rows(chain_means[2])  # every rank's chains
+    error = 0.0 if exact else _jackknife_error(rho_chains.cpu().numpy(), n_particles)
     return {
         "densities": densities,
         "density_correlations": density_corr,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import yaml
 
-from vitqs import exact, observables, results
+from vitqs import distributed, exact, observables, results
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict
 from vitqs.estimators import statistics
 from vitqs.lattice import Lattice
@@ -95,10 +95,10 @@ def build_hamiltonian(config: Config, lattice: Lattice | None = None):
 def resolve_device(name: str) -> torch.device:
     """Returns the torch device for ``config.device`` (auto: CUDA when present)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} but no CUDA device is available; use auto or cpu")
-    return torch.device(name)
+    return distributed.local_device(torch.device(name))  # under torchrun: this rank's GPU
 
 
 def _torch_dtype(name: str | None) -> torch.dtype | None:
@@ -126,8 +126,8 @@ def build_sampler(config: Config, hamiltonian, model=None):
             )
         reduce = cfg.sum_over_orbits and model is not None
         symmetry = invariances(model, hamiltonian.lattice) if reduce else None
-        sampler = ExactSampler(hamiltonian.hilbert, chunk_size=cfg.chunk_size, symmetry=symmetry)
         try:
+            sampler = ExactSampler(hamiltonian.hilbert, cfg.chunk_size, symmetry=symmetry)
             sampler.check_symmetry(model)
         except ValueError as err:
             raise ConfigError(str(err)) from None
@@ -305,13 +305,15 @@ def run_config(
         config, resume=resume, overwrite=overwrite, initial_parameters=initial_parameters
     )
     with _signals_to_flag() as stop:
-        _optimize(run, stop, progress, start)
+        _optimize(run, stop, progress and distributed.is_root(), start)
     # every iteration is done: checkpoint, so an interrupted final measurement resumes here
     _checkpoint(run, run.seconds_before + time.perf_counter() - start)
     try:
-        return _finish(run, start)
+        finished = _finish(run, start)
     except KeyboardInterrupt:
         _interrupted(run, signal.SIGINT)
+    distributed.barrier()  # rank 0 has written the file that every rank may read next
+    return finished
 
 
 def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
@@ -323,10 +325,13 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
         )
     if resume and not path.exists():
         raise ConfigError(f"--resume: there is no results file '{path}' to resume")
+    distributed.barrier()  # every rank has looked before rank 0 claims the name
     vmc = build_vmc(config)
     hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
     if resume:
-        return _restore(config, path, hamiltonian, model, sampler, vmc)
+        run = _restore(config, path, hamiltonian, model, sampler, vmc)
+        distributed.share_parameters(model)
+        return run
     if initial_parameters is not None:
         try:
             model.load_state_dict(initial_parameters)
@@ -337,9 +342,15 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
             ) from None
     elif config.model.init_from is not None:
         start_from_results(config, model, sampler)
+    distributed.share_parameters(model)  # every rank starts from rank 0's parameters
     record = _new_record(config, hamiltonian, model)
-    results.write_results(path, record)  # claims the name; replaced atomically from now on
+    _write(path, record)  # claims the name; replaced atomically from now on
     return Run(config, hamiltonian, model, sampler, vmc, record, path)
+
+
+def _write(path: Path, record: results.RunRecord) -> None:
+    if distributed.is_root():  # one file for all ranks
+        results.write_results(path, record)
 
 
 def start_from_results(config: Config, model, sampler) -> None:
@@ -388,7 +399,8 @@ def _new_record(config: Config, hamiltonian, model) -> results.RunRecord:
         n_sites=hamiltonian.n_sites,
         n_params=sum(p.numel() for p in model.parameters()),
     )
-    reference = exact_ground_state(config, hamiltonian)
+    # rank 0 alone writes the record: the others need not diagonalize
+    reference = exact_ground_state(config, hamiltonian) if distributed.is_root() else None
     if reference is not None:
         record.exact = {
             "energy": reference.energy,
@@ -445,11 +457,15 @@ def _changed_keys(old: dict, new: dict) -> list[str]:
 
 
 def _checkpoint(run: Run, seconds: float) -> None:
+    """Writes the state to resume from; on every rank (the sampler gathers all chains)."""
+    sampler_state = run.sampler.state_dict()
+    if not distributed.is_root():
+        return
     run.record.set_checkpoint(
         {
             "model": run.model.state_dict(),
             "vmc": run.vmc.state_dict(),
-            "sampler": run.sampler.state_dict(),
+            "sampler": sampler_state,
             "torch_rng": torch.get_rng_state(),
             "seconds": seconds,
         }
@@ -511,17 +527,19 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
             bar.set_postfix_str(text, refresh=False)
             bar.update(1)
             step = len(record.history)
-            if step % config.output.checkpoint_every == 0 or stop:
-                _checkpoint(run, run.seconds_before + time.perf_counter() - start)
-            if stop:
-                _interrupted(run, stop["signal"])
             spent = run.seconds_before + time.perf_counter() - loop_start
+            # all ranks stop together: on a signal any of them got, by the slowest clock
+            signal_number, spent = distributed.agree(stop.get("signal"), spent)
+            if step % config.output.checkpoint_every == 0 or signal_number:
+                _checkpoint(run, run.seconds_before + time.perf_counter() - start)
+            if signal_number:
+                _interrupted(run, signal_number)
             if max_seconds is not None and spent >= max_seconds:
                 break  # the budget is spent: measure the state reached so far
             _follow_budget(run, step, spent)
     except NonFiniteEnergyError as err:
         record.status = "interrupted"
-        results.write_results(run.path, record)
+        _write(run.path, record)
         raise ConfigError(f"{err} The last checkpoint is in '{run.path}'.") from None
     finally:
         bar.close()
@@ -579,7 +597,7 @@ def _progress_text(result, exact_energy, anneal_fraction: float) -> str:
 
 def _interrupted(run: Run, signal_number: int):
     run.record.status = "interrupted"
-    results.write_results(run.path, run.record)
+    _write(run.path, run.record)
     name = signal.Signals(signal_number).name
     raise RunInterrupted(
         f"{name} received: stopped after step {len(run.record.history)} and wrote a checkpoint "

@@ -28,6 +28,12 @@ precision.
 for full-sum expectation values on small sectors. Its local energies come from one sparse
 matrix-vector product ``(Hψ)(x)/ψ(x)`` over the sector, with no further network evaluation.
 For a model with symmetries it sums over one state per orbit instead (`sector_orbits`).
+
+Across ``torch.distributed`` ranks the Metropolis sampler's ``n_samples`` and ``n_chains``
+stay totals: each rank advances its share of the chains (``n_chains / world_size``, rank ``r``
+holding chains ``r·share … (r+1)·share − 1``) with a generator of its own seed, and its
+checkpoint state gathers every rank's chains and generators. The exact sampler's sum over the
+whole sector belongs to one process.
 """
 
 from __future__ import annotations
@@ -41,11 +47,22 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vitqs.estimators import distinct_rows, evaluate_log_psi, reduce_sum
+from vitqs.estimators import (
+    distinct_rows,
+    evaluate_log_psi,
+    gather_rows,
+    rank,
+    reduce_sum,
+    world_size,
+)
 from vitqs.hilbert import Bosons, SpinHalf
 from vitqs.models.precision import NetworkCopy
 
 RULES = ("auto", "exchange", "exchange_global", "hop")
+
+# Rank r seeds its generator with seed + r * _RANK_SEED_STRIDE: streams far apart for the
+# seeds a user picks by hand (0, 1, 42 ...), whose runs stay distinct on any number of ranks.
+_RANK_SEED_STRIDE = 1_000_003
 
 
 @dataclass
@@ -95,8 +112,10 @@ class MetropolisSampler:
 
     Args:
         hamiltonian: gives the Hilbert space (sector) and the lattice bonds proposals use.
-        n_samples: samples per call, in total over chains; a multiple of ``n_chains``.
-        n_chains: chains advanced in parallel.
+        n_samples: samples per call, in total over chains (and ranks); a multiple of
+            ``n_chains``.
+        n_chains: chains advanced in parallel, in total over ``torch.distributed`` ranks
+            (a multiple of their number); ``n_chains`` is then this rank's share.
         sweep_size: proposals per chain between kept samples; default ``n_sites``.
         n_discard: thermalisation sweeps per chain at the start of every call (after each
             parameter update).
@@ -124,7 +143,14 @@ class MetropolisSampler:
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
         _check_counts(n_samples, n_chains, sweep_size, n_discard)
-        self.n_chains = int(n_chains)
+        self.n_ranks, self.rank = world_size(), rank()
+        if n_chains % self.n_ranks:
+            raise ValueError(
+                f"sampler.n_chains={n_chains} must be a multiple of the number of "
+                f"torch.distributed ranks ({self.n_ranks}): each rank runs an equal share"
+            )
+        self.n_chains_total = int(n_chains)
+        self.n_chains = self.n_chains_total // self.n_ranks  # this rank's chains
         self.set_n_samples(n_samples)
         self.sweep_size = self.n_sites if sweep_size is None else int(sweep_size)
         self.n_discard = int(n_discard)
@@ -141,14 +167,15 @@ class MetropolisSampler:
         self._pending_state: dict | None = None
 
     def set_n_samples(self, n_samples: int) -> None:
-        """Sets the samples per call (a multiple of ``n_chains``); the chains carry on."""
-        if int(n_samples) < 1 or int(n_samples) % self.n_chains:
+        """Sets the samples per call over all ranks (a multiple of the total ``n_chains``);
+        the chains carry on."""
+        if int(n_samples) < 1 or int(n_samples) % self.n_chains_total:
             raise ValueError(
                 f"sampler.n_samples={n_samples} must be a positive multiple of "
-                f"sampler.n_chains={self.n_chains}"
+                f"sampler.n_chains={self.n_chains_total}"
             )
         self.n_samples = int(n_samples)
-        self.n_per_chain = self.n_samples // self.n_chains
+        self.n_per_chain = self.n_samples // self.n_chains_total
 
     def of_psi_squared(self) -> MetropolisSampler:
         """Returns a sampler of ``|ψ|²`` itself that carries on these chains: this one when
@@ -163,7 +190,7 @@ class MetropolisSampler:
     def _initialise(self, device: torch.device, dtype: torch.dtype):
         if self._generator is None or self._generator.device != device:
             self._generator = torch.Generator(device=device)
-            self._generator.manual_seed(self.seed)
+            self._generator.manual_seed(self.seed + self.rank * _RANK_SEED_STRIDE)
             self._chains = None
         if self._pending_state is not None:
             if self._pending_state["generator"] is not None:  # None: chains given, no RNG state
@@ -194,31 +221,60 @@ class MetropolisSampler:
                 f"{tuple(chains.shape)} are not states of this sector "
                 f"({self.hilbert.describe()})"
             )
-        turns = torch.arange(self.n_chains) % len(chains)
-        self._pending_state = {"chains": chains[turns], "generator": None}
+        turns = torch.arange(self.n_chains_total) % len(chains)
+        self._pending_state = {"chains": self._own(chains[turns]), "generator": None}
+
+    def _own(self, chains: torch.Tensor) -> torch.Tensor:
+        """Returns this rank's share of chains ``(n_chains_total, N)``."""
+        return chains[self.rank * self.n_chains : (self.rank + 1) * self.n_chains]
 
     def state_dict(self) -> dict:
-        """Returns the chains (CPU, float64) and the generator state, for checkpoints."""
+        """Returns the chains (CPU, float64) and the generator state, for checkpoints.
+
+        Across ranks (a collective: every rank calls it) the chains of all ranks ``(n_chains
+        total, N)`` and, under ``generators``, every rank's generator state.
+        """
         if self._pending_state is not None:
-            return dict(self._pending_state)
-        if self._chains is None:
-            return {}
-        return {
-            "chains": self._chains.detach().to("cpu", torch.float64),
-            "generator": self._generator.get_state(),
-        }
+            state = dict(self._pending_state)
+        elif self._chains is None:
+            state = {}
+        else:
+            state = {
+                "chains": self._chains.detach().to("cpu", torch.float64),
+                "generator": self._generator.get_state(),
+            }
+        if self.n_ranks == 1 or not state:  # not started: the same on every rank
+            return state
+        state["chains"] = gather_rows(state["chains"])
+        own = state.pop("generator")
+        if own is not None:  # started chains carry no generator state on any rank
+            state["generators"] = gather_rows(own[None])  # (n_ranks, state bytes)
+        return state
 
     def load_state_dict(self, state: dict):
-        """Restores chains and generator state from `state_dict` (applied at the next call)."""
+        """Restores chains and generator state from `state_dict` (applied at the next call).
+
+        A state written by another number of ranks restores the chains, shared out anew, and
+        leaves each generator at its own seed.
+        """
         if not state:
             return
         chains = torch.as_tensor(state["chains"], dtype=torch.float64)
-        if chains.shape != (self.n_chains, self.n_sites):
+        if chains.shape != (self.n_chains_total, self.n_sites):
             raise ValueError(
                 f"sampler state holds chains of shape {tuple(chains.shape)}; this sampler has "
-                f"sampler.n_chains={self.n_chains} on {self.n_sites} sites"
+                f"sampler.n_chains={self.n_chains_total} on {self.n_sites} sites"
             )
-        self._pending_state = {"chains": chains, "generator": state["generator"]}
+        generators = state.get("generators")
+        if generators is None and self.n_ranks == 1:
+            generator = state.get("generator")
+        elif generators is not None and len(generators) == self.n_ranks:
+            # a copy of its own: Generator.set_state reads a row view from the storage's
+            # start, whatever the view's offset (torch 2.13 crashes on rank 1's row)
+            generator = torch.as_tensor(generators[self.rank], dtype=torch.uint8).clone()
+        else:
+            generator = None
+        self._pending_state = {"chains": self._own(chains), "generator": generator}
         if self._generator is not None:
             self._initialise(self._generator.device, self._chains.dtype)
 
@@ -459,6 +515,11 @@ class ExactSampler:
     """
 
     def __init__(self, hilbert: SpinHalf | Bosons, chunk_size: int | None = None, symmetry=None):
+        if world_size() > 1:  # every rank would sum the whole sector, and reductions add them
+            raise ValueError(
+                f"sampler.kind=full_sum sums the whole sector in one process; it does not run "
+                f"across {world_size()} torch.distributed ranks (start it without torchrun)"
+            )
         self.hilbert = hilbert
         self.n_sites = hilbert.n_sites
         self.n_chains = 1

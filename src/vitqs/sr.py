@@ -21,7 +21,7 @@ import torch
 from einops import rearrange
 from torch.func import functional_call, jacrev, vmap
 
-from vitqs.estimators import reduce_sum, sample_mean
+from vitqs.estimators import gather_rows, reduce_sum, sample_mean, total_count
 
 METHODS = ("auto", "sr", "minsr")
 SCHEDULES = ("constant", "exponential", "cosine")
@@ -198,6 +198,10 @@ def natural_gradient(
     Solved in float64 by Cholesky, falling back to an eigendecomposition pseudo-inverse when
     the shifted matrix is not numerically positive definite (e.g. ``λ = 0``).
 
+    Across ``torch.distributed`` ranks (each holding its own samples), ``sr`` sums ``S`` and
+    ``F`` over ranks, and ``minsr`` gathers the rows of ``X`` and ``e`` of every rank; both
+    give every rank the update of all samples together.
+
     Args:
         jac: log-derivatives ``(N_s, P)`` complex.
         e_loc: local energies ``(N_s,)`` complex.
@@ -208,12 +212,14 @@ def natural_gradient(
     if method not in METHODS:
         raise ValueError(f"optimizer.method={method!r} is not one of {list(METHODS)} (or 'adam')")
     X, e = _scaled_centred(jac, e_loc, weights)
-    n_rows, n_params = X.shape
+    n_rows = total_count(X.shape[0], X.device)  # every rank must take the same branch
     if method == "auto":
-        method = "minsr" if n_rows < n_params else "sr"
+        method = "minsr" if n_rows < X.shape[1] else "sr"
     if method == "sr":
         S = reduce_sum(_gram_upper(X, rows=False))
         return solve_shifted(S, reduce_sum(X.T @ e), diag_shift)
+    # the kernel couples every pair of samples: each rank needs the rows of all ranks
+    X, e = gather_rows(X), gather_rows(e)
     return X.T @ solve_shifted(_gram_upper(X, rows=True), e, diag_shift)
 
 

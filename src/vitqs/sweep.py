@@ -22,6 +22,7 @@ import numpy as np
 
 from vitqs import results
 from vitqs.config import ConfigError, from_dict, read_yaml, set_dotted
+from vitqs.distributed import is_root
 from vitqs.plots import markdown_table, plot_sweep
 from vitqs.run import run_config
 
@@ -104,6 +105,8 @@ def run_sweep(path: str | Path, *, progress: bool = True) -> dict:
         rows.append(_row(point, record))
         previous = _final_parameters(record)
     out_dir = Path(configs[0][1].output.dir)
+    if not is_root():  # under torchrun rank 0 writes the tables and figures
+        return {"name": spec["name"], "rows": rows, "tables": [], "figures": []}
     tables = _write_tables(rows, out_dir)
     parameter = list(spec["grid"])[0].split(".")[-1]
     figures = plot_sweep(rows, parameter, out_dir) if len(spec["grid"]) == 1 else []

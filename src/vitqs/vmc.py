@@ -22,6 +22,7 @@ import torch
 
 from vitqs.estimators import (
     Stats,
+    broadcast_from_root,
     distinct_rows,
     importance_statistics,
     importance_weights,
@@ -339,7 +340,9 @@ class VMC:
         else:
             update = self.adam.direction(energy_gradient(jac, e_loc, weights))
         timings["solve"] = _lap(start)
-        return update
+        # every rank solved the same system; rank 0's answer keeps the parameters equal
+        # on all ranks even where rounding differs between them
+        return broadcast_from_root(update)
 
     def _undo_last_update(self):
         if self._last_good is None:

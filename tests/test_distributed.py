@@ -1,0 +1,256 @@
+"""Runs across torch.distributed ranks: real processes started by torchrun, gloo on CPU.
+
+Each rank holds its own chains; the estimates and updates that cross ranks must be those of
+all samples in one process (to rounding), and the run must behave as one run: one results
+file, equal parameters on every rank, one decision to stop, a checkpoint that resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+import torch
+import yaml
+from _distributed_worker import dataset, estimates, share
+from _shell_helpers import (
+    assert_one_line_error,
+    last_json,
+    run_main,
+    tiny_bose_hubbard,
+    tiny_heisenberg,
+    write_config,
+)
+
+from vitqs import exact, results
+from vitqs.lattice import Lattice
+from vitqs.operators import Heisenberg
+
+WORKER = Path(__file__).with_name("_distributed_worker.py")
+N_RANKS = 2
+
+
+def torchrun(*argv, n_ranks: int = N_RANKS, module: bool = False) -> subprocess.CompletedProcess:
+    """Returns the finished ``torchrun --standalone`` of a script (or ``-m`` module)."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launch += ["--nproc-per-node", str(n_ranks)]
+    launch += ["-m"] if module else []
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*launch, *map(str, argv)], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def assert_ranks_refused(done: subprocess.CompletedProcess, *names: str) -> None:
+    """A rank exited 2 with the one-line error naming ``names`` (torchrun may stop the other
+    before it says the same), none with a traceback of vitqs code (torchrun adds its own
+    report of the failed ranks)."""
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("vitqs run: error")]
+    assert 1 <= len(errors) <= N_RANKS and len(set(errors)) == 1, done.stderr[-3000:]
+    assert all(name in errors[0] for name in names), errors[0]
+    assert "exitcode  : 2" in done.stderr
+    frames = [line for line in done.stderr.splitlines() if line.strip().startswith('File "')]
+    assert not any("vitqs" in frame for frame in frames if "bin/torchrun" not in frame)
+
+
+def vitqs_on_ranks(*argv, n_ranks: int = N_RANKS) -> subprocess.CompletedProcess:
+    return torchrun("vitqs", *argv, n_ranks=n_ranks, module=True)
+
+
+@pytest.fixture(scope="module")
+def reductions(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reductions")
+    done = torchrun(WORKER, "reductions", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out / "reductions.pt")
+
+
+def test_estimates_across_ranks_equal_those_of_all_samples_in_one_process(reductions):
+    whole = estimates(share(dataset(), 0, 1))
+    assert set(reductions) == set(whole)
+    for name, value in whole.items():
+        torch.testing.assert_close(reductions[name], value, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_the_data_set_gives_the_estimates_something_to_get_wrong(reductions):
+    # a rank's own share gives other numbers: the sums over ranks are not a no-op
+    own = estimates(share(dataset(), 0, 2))
+    for name in ("stats", "sr_uniform", "minsr_weighted", "gradient"):
+        assert not torch.allclose(own[name], reductions[name], rtol=1e-3), name
+    assert int(reductions["stats_n"]) == 128  # samples of both ranks
+    assert float(reductions["stats"][4]) > 0.5  # correlated chains: τ matters
+
+
+@pytest.fixture(scope="module")
+def run_on_ranks(tmp_path_factory):
+    """A 6-site ring optimized on two ranks (16 chains, 8 each), via the worker."""
+    out = tmp_path_factory.mktemp("run")
+    data = tiny_heisenberg(
+        out / "results",
+        optimizer={"lr": 0.05, "n_iter": 60},
+        sampler={"n_samples": 256, "n_chains": 16, "n_discard": 2},
+        final={"n_samples": 2048},
+    )
+    config = write_config(out / "tiny.yaml", data)
+    done = torchrun(WORKER, "run", config, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, data
+
+
+def test_every_rank_ends_with_the_same_parameters_and_its_own_chains(run_on_ranks):
+    out, _ = run_on_ranks
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(N_RANKS)]
+    assert torch.equal(ranks[0]["parameters"], ranks[1]["parameters"])
+    assert ranks[0]["chains"].shape == ranks[1]["chains"].shape == (8, 6)
+    assert not torch.equal(ranks[0]["chains"], ranks[1]["chains"])  # seeds of their own
+
+
+def test_a_run_on_two_ranks_writes_one_file_and_reaches_the_ground_state(run_on_ranks):
+    out, data = run_on_ranks
+    assert sorted(p.name for p in (out / "results").iterdir()) == ["tiny.h5"]
+    record = results.read_results(out / "results" / "tiny.h5")
+    assert record.status == "finished" and len(record.history) == 60
+    assert all(row["n_samples"] == 256 for row in record.history)  # both ranks' samples
+    assert record.final["n_samples"] == 2048
+    exact_energy = exact.ground_state(Heisenberg(Lattice((6,)), J1=1.0, sign_rule=True)).energy
+    assert record.exact["energy"] == pytest.approx(exact_energy, rel=1e-12)
+    # 60 SR steps at lr 0.05 bring this ring well below the random start's 14 % error
+    assert record.final["relative_error"] < 1e-2
+    state = results.load_checkpoint(record)["sampler"]
+    assert state["chains"].shape == (16, 6)  # every rank's chains
+    assert len(state["generators"]) == N_RANKS
+
+
+def test_the_cli_on_two_ranks_prints_once_and_resumes_in_one_process_or_two(tmp_path):
+    data = tiny_heisenberg(tmp_path / "results", optimizer={"n_iter": 3})
+    config = write_config(tmp_path / "tiny.yaml", data)
+    first = vitqs_on_ranks("run", config, "--quiet", "--json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.count("results ") == 1  # rank 0 alone prints
+    assert last_json(first.stdout)["n_iter"] == 3
+    again = vitqs_on_ranks("run", config, "--quiet", "--resume", "--set", "optimizer.n_iter=5")
+    assert again.returncode == 0, again.stderr[-3000:]
+    path = tmp_path / "results" / "tiny.h5"
+    record = results.read_results(path)
+    assert len(record.history) == 5 and record.status == "finished"
+    # a checkpoint of two ranks resumes in one process: the chains, shared out anew
+    alone = subprocess.run(
+        [sys.executable, "-m", "vitqs", "run", config, "--quiet", "--resume"]
+        + ["--set", "optimizer.n_iter=7"],
+        capture_output=True,
+        text=True,
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    record = results.read_results(path)
+    assert len(record.history) == 7
+    with h5py.File(path) as f:
+        assert f.attrs["status"] == "finished"
+    chains = results.load_checkpoint(record)["sampler"]["chains"]
+    assert chains.shape == (16, 6)
+
+
+def test_chains_that_do_not_share_out_evenly_are_refused_by_every_rank(tmp_path):
+    data = tiny_heisenberg(tmp_path / "out", sampler={"n_samples": 45, "n_chains": 15})
+    done = vitqs_on_ranks("run", write_config(tmp_path / "c.yaml", data), "--quiet")
+    assert_ranks_refused(done, "sampler.n_chains=15", "ranks (2)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_full_sum_is_refused_across_ranks(tmp_path):
+    data = tiny_heisenberg(tmp_path / "out", sampler={"kind": "full_sum"})
+    done = vitqs_on_ranks("run", write_config(tmp_path / "c.yaml", data), "--quiet")
+    assert_ranks_refused(done, "sampler.kind=full_sum", "torchrun")
+    assert not (tmp_path / "out").exists()
+
+
+def test_commands_of_one_process_are_refused_under_torchrun(tmp_path, capsys, monkeypatch):
+    config = write_config(tmp_path / "c.yaml", tiny_heisenberg(tmp_path / "out"))
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets for each rank
+    code, _, err = run_main(capsys, "ed", config)
+    assert_one_line_error(code, err, "vitqs ed", "torchrun")
+
+
+def _rank_processes(launcher: subprocess.Popen, timeout: float = 60.0) -> dict[int, int]:
+    """Returns the pids of the ranks torchrun started, by rank (read from /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ranks = {}
+        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+        for pid in children.read_text().split():
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                values = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+                if b"RANK" in values:
+                    ranks[int(values[b"RANK"])] = int(pid)
+        if len(ranks) == N_RANKS:
+            return ranks
+        time.sleep(0.1)
+    raise AssertionError("torchrun started no ranks")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads ranks from /proc")
+def test_a_signal_to_one_rank_stops_all_at_one_step_with_a_checkpoint(tmp_path):
+    data = tiny_heisenberg(
+        tmp_path / "out", optimizer={"n_iter": 100_000}, output={"checkpoint_every": 2}
+    )
+    config = write_config(tmp_path / "tiny.yaml", data)
+    h5 = tmp_path / "out" / "tiny.h5"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launch += ["--nproc-per-node", str(N_RANKS), "-m", "vitqs", "run", str(config), "--quiet"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen(launch, stderr=subprocess.PIPE, text=True, env=env)
+    pids = {}
+    try:
+        pids = _rank_processes(launcher)
+        deadline = time.monotonic() + 120
+        while not (h5.exists() and results.read_results(h5).checkpoint is not None):
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.05)
+        os.kill(pids[1], signal.SIGTERM)  # rank 1 alone: rank 0 must learn of it
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:  # stuck: a rank left behind would run 100,000 steps
+            launcher.kill()
+            launcher.wait()
+            for pid in pids.values():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+    assert launcher.returncode != 0
+    assert "SIGTERM received" in err and "--resume" in err
+    record = results.read_results(h5)
+    assert record.status == "interrupted"
+    assert record.checkpoint_step == len(record.history) >= 2
+
+    n_iter = len(record.history) + 2
+    done = vitqs_on_ranks(
+        "run", config, "--quiet", "--resume", "--set", f"optimizer.n_iter={n_iter}"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = results.read_results(h5)
+    assert record.status == "finished" and len(record.history) == n_iter
+
+
+def test_a_warm_started_sweep_on_two_ranks_writes_its_points_and_tables_once(tmp_path):
+    write_config(tmp_path / "base.yaml", tiny_bose_hubbard(tmp_path / "out"))
+    spec = {"base": "base.yaml", "name": "u_scan", "sweep": {"hamiltonian.U": [2.0, 6.0]}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**spec, "warm_start": True}))
+    done = vitqs_on_ranks("sweep", path, "--quiet", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    points = last_json(done.stdout)["points"]
+    assert done.stdout.count("summary.csv") == 1  # rank 0 alone writes and prints
+    folder = tmp_path / "out" / "u_scan"
+    assert sorted(p.name for p in folder.glob("*.h5")) == ["U=2.0.h5", "U=6.0.h5"]
+    for point in points:
+        record = results.read_results(folder / f"U={point['U']}.h5")
+        assert record.status == "finished" and point["energy"] == record.final["energy"]
+        assert record.exact["energy"] == point["exact_energy"]
+        assert len(results.load_checkpoint(record)["sampler"]["generators"]) == N_RANKS
