@@ -254,3 +254,27 @@ def test_a_warm_started_sweep_on_two_ranks_writes_its_points_and_tables_once(tmp
         assert record.status == "finished" and point["energy"] == record.final["energy"]
         assert record.exact["energy"] == point["exact_energy"]
         assert len(results.load_checkpoint(record)["sampler"]["generators"]) == N_RANKS
+
+
+def test_the_benchmark_script_times_one_process_against_two_ranks(tmp_path):
+    config = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "unused"))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_distributed.py"
+    done = subprocess.run(
+        [sys.executable, str(script), config, "--n-iter", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows[2:]] == [
+        "sampling",
+        "local_energy",
+        "jacobian",
+        "solve",
+        "total",
+    ]
+    assert all(float(row.split("|")[4]) > 0 for row in rows[2:])  # a ratio per phase
+    energies = [line for line in done.stdout.splitlines() if "E = " in line]
+    assert [line.split(":")[0] for line in energies] == ["1 process", "2 ranks"]
+    assert not (tmp_path / "unused").exists()  # the runs' files went to a temporary folder
