@@ -21,7 +21,7 @@ import torch
 from einops import rearrange
 from torch.func import functional_call, jacrev, vmap
 
-from vitqs.estimators import gather_rows, reduce_sum, sample_mean, total_count
+from vitqs.estimators import gather_rows, rank, reduce_sum, sample_mean, total_count, world_size
 
 METHODS = ("auto", "sr", "minsr")
 SCHEDULES = ("constant", "exponential", "cosine")
@@ -199,8 +199,8 @@ def natural_gradient(
     the shifted matrix is not numerically positive definite (e.g. ``λ = 0``).
 
     Across ``torch.distributed`` ranks (each holding its own samples), ``sr`` sums ``S`` and
-    ``F`` over ranks, and ``minsr`` gathers the rows of ``X`` and ``e`` of every rank; both
-    give every rank the update of all samples together.
+    ``F`` over ranks, and ``minsr`` builds the kernel from every rank's rows of ``X`` (each
+    rank computing its block of rows); both give every rank the update of all samples.
 
     Args:
         jac: log-derivatives ``(N_s, P)`` complex.
@@ -218,9 +218,40 @@ def natural_gradient(
     if method == "sr":
         S = reduce_sum(_gram_upper(X, rows=False))
         return solve_shifted(S, reduce_sum(X.T @ e), diag_shift)
-    # the kernel couples every pair of samples: each rank needs the rows of all ranks
-    X, e = gather_rows(X), gather_rows(e)
-    return X.T @ solve_shifted(_gram_upper(X, rows=True), e, diag_shift)
+    if world_size() == 1:
+        return X.T @ solve_shifted(_gram_upper(X, rows=True), e, diag_shift)
+    return _distributed_minsr(X, e, diag_shift)
+
+
+def _distributed_minsr(X: torch.Tensor, e: torch.Tensor, diag_shift: float) -> torch.Tensor:
+    """Returns ``Xᵀ (XXᵀ + λ)⁻¹ e`` for rows of ``X`` and ``e`` spread over ranks.
+
+    The kernel couples every pair of samples, so every rank gathers all rows; each then
+    computes one strip of the kernel's upper triangle, the strips holding equal numbers of
+    multiply-adds (`_strip_edges`), and every rank solves the gathered kernel.
+    """
+    X_all, e_all = gather_rows(X), gather_rows(e)  # (N, P), (N,)
+    n_rows = X_all.shape[0]
+    start, stop = _strip_edges(n_rows, world_size())[rank() : rank() + 2]
+    strip = torch.zeros((stop - start, n_rows), dtype=X.dtype, device=X.device)
+    # by blocks of rows, each from the diagonal on: the strip's share of the upper triangle
+    edges = [start + (stop - start) * i // _STRIP_BLOCKS for i in range(_STRIP_BLOCKS + 1)]
+    for first, last in zip(edges[:-1], edges[1:], strict=True):
+        if last > first:
+            rows = strip[first - start : last - start, first:]
+            torch.mm(X_all[first:last], X_all[first:].T, out=rows)
+    kernel = gather_rows(strip)  # (N, N): its upper triangle, all solve_shifted reads
+    return X_all.T @ solve_shifted(kernel, e_all, diag_shift)
+
+
+_STRIP_BLOCKS = 8  # blocks of rows per strip, each multiplied from the diagonal on
+
+
+def _strip_edges(n_rows: int, n_strips: int) -> list[int]:
+    """Returns row edges of ``n_strips`` strips of an ``n × n`` upper triangle holding equal
+    areas: the rows above edge ``i`` hold ``n² (1 − (1 − i/K)²)/2`` entries of the triangle."""
+    edges = [round(n_rows * (1 - math.sqrt(1 - i / n_strips))) for i in range(n_strips)]
+    return [*edges, n_rows]
 
 
 def clip_local_energy(e_loc: torch.Tensor, width: float, weights=None) -> torch.Tensor:
