@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from vitqs import distributed
+from vitqs import distributed, observables
 from vitqs.estimators import (
     gather_rows,
     importance_statistics,
@@ -24,6 +24,10 @@ from vitqs.estimators import (
     statistics,
     world_size,
 )
+from vitqs.lattice import Lattice
+from vitqs.models.jastrow import Jastrow
+from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.sampler import Samples
 from vitqs.sr import clip_local_energy, energy_gradient, natural_gradient, parameter_vector
 
 N_CHAINS, N_PER_CHAIN, N_PARAMS = 8, 16, 40
@@ -42,12 +46,48 @@ def dataset() -> dict:
 
     drift = torch.cumsum(complex_normal(N_CHAINS, N_PER_CHAIN), dim=1) * 0.2  # correlated
     weights = torch.rand(n, generator=gen, dtype=torch.float64) + 0.1
+    spins, bosons = _systems()
     return {
         "e_chains": -3.0 + complex_normal(N_CHAINS, N_PER_CHAIN) + drift,
         "log_importance": torch.randn(N_CHAINS, N_PER_CHAIN, generator=gen, dtype=torch.float64),
         "jac": complex_normal(n, N_PARAMS),
         "weights": weights / weights.sum(),
+        # uniform random states with chain structure, not samples of the Jastrow factors' |ψ|²:
+        # the observables are not physical here, only the same numbers on 1 or 2 ranks
+        "spin_x": spins.hilbert.random_states(N_CHAINS * 4, gen).reshape(N_CHAINS, 4, -1),
+        "boson_x": bosons.hilbert.random_states(N_CHAINS * 4, gen).reshape(N_CHAINS, 4, -1),
     }
+
+
+def _systems():
+    return Heisenberg(Lattice((6,)), J1=1.0), BoseHubbard(Lattice((4,)), 1.0, 3.0, n_particles=4)
+
+
+def _jastrow(shape, local_states=None) -> Jastrow:
+    """Returns a Jastrow factor with fixed random couplings (the same on every rank)."""
+    model = Jastrow(shape, local_states=local_states)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return model
+
+
+def _observables(part: dict) -> dict:
+    """Returns the sampled spin and boson observables (means and errors) of ``part``."""
+    spins, bosons = _systems()
+    out = {}
+    for system, model, x, measure in (
+        (spins, _jastrow((6,)), part["spin_x"], observables.spin_observables),
+        (bosons, _jastrow((4,), tuple(range(5))), part["boson_x"], observables.boson_observables),
+    ):
+        with torch.no_grad():
+            log_psi = model(x.reshape(-1, x.shape[-1])).reshape(x.shape[:2])
+        samples = Samples(x, log_psi, None, float("nan"))
+        for name, estimate in measure(system, model, samples).items():
+            out[f"{name}_mean"] = torch.as_tensor(estimate.mean)
+            out[f"{name}_error"] = torch.as_tensor(estimate.error)
+    return out
 
 
 def share(data: dict, rank_: int, n_ranks: int) -> dict:
@@ -57,6 +97,7 @@ def share(data: dict, rank_: int, n_ranks: int) -> dict:
     chains = slice(rank_ * per_rank, (rank_ + 1) * per_rank)
     rows = slice(chains.start * N_PER_CHAIN, chains.stop * N_PER_CHAIN)
     weighted = slice(0, WEIGHTED_SPLIT) if rank_ == 0 else slice(WEIGHTED_SPLIT, None)
+    configurations = {key: data[key][chains] for key in ("spin_x", "boson_x")}
     if n_ranks == 1:
         weighted = slice(None)
     flat_e = data["e_chains"].reshape(-1)
@@ -68,6 +109,7 @@ def share(data: dict, rank_: int, n_ranks: int) -> dict:
         "jac_weighted": data["jac"][weighted],
         "e_weighted": flat_e[weighted],
         "weights": data["weights"][weighted],
+        **configurations,
     }
 
 
@@ -97,6 +139,7 @@ def estimates(part: dict) -> dict:
         )
     out["gradient"] = energy_gradient(part["jac"], part["e_rows"])
     out["clipped"] = gather_rows(clip_local_energy(part["e_rows"], 1.0))
+    out.update(_observables(part))
     return out
 
 

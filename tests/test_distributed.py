@@ -83,7 +83,8 @@ def test_estimates_across_ranks_equal_those_of_all_samples_in_one_process(reduct
 def test_the_data_set_gives_the_estimates_something_to_get_wrong(reductions):
     # a rank's own share gives other numbers: the sums over ranks are not a no-op
     own = estimates(share(dataset(), 0, 2))
-    for name in ("stats", "sr_uniform", "minsr_weighted", "gradient"):
+    names = ("stats", "sr_uniform", "minsr_weighted", "gradient", "structure_factor_error")
+    for name in (*names, "condensate_fraction_error", "densities_mean"):
         assert not torch.allclose(own[name], reductions[name], rtol=1e-3), name
     assert int(reductions["stats_n"]) == 128  # samples of both ranks
     assert float(reductions["stats"][4]) > 0.5  # correlated chains: τ matters

@@ -164,8 +164,9 @@ def boson_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[s
     densities, density_corr, rho = (_estimate(m, exact) for m in chain_means)
     n_particles = hamiltonian.hilbert.n_particles
     fraction = condensate_fraction(rho.mean, n_particles)
-    rho_chains = None if exact else gather_rows(chain_means[2])  # every rank's chains
-    error = 0.0 if exact else _jackknife_error(rho_chains.cpu().numpy(), n_particles)
+    error = 0.0
+    if not exact:  # leave-one-chain-out over the chains of every rank
+        error = _jackknife_error(gather_rows(chain_means[2]).cpu().numpy(), n_particles)
     return {
         "densities": densities,
         "density_correlations": density_corr,

@@ -200,7 +200,8 @@ def natural_gradient(
 
     Across ``torch.distributed`` ranks (each holding its own samples), ``sr`` sums ``S`` and
     ``F`` over ranks, and ``minsr`` builds the kernel from every rank's rows of ``X`` (each
-    rank computing its block of rows); both give every rank the update of all samples.
+    rank computing an equal-work strip of its upper triangle); both give every rank the
+    update of all samples.
 
     Args:
         jac: log-derivatives ``(N_s, P)`` complex.
@@ -248,8 +249,9 @@ _STRIP_BLOCKS = 8  # blocks of rows per strip, each multiplied from the diagonal
 
 
 def _strip_edges(n_rows: int, n_strips: int) -> list[int]:
-    """Returns row edges of ``n_strips`` strips of an ``n × n`` upper triangle holding equal
-    areas: the rows above edge ``i`` hold ``n² (1 − (1 − i/K)²)/2`` entries of the triangle."""
+    """Returns row edges of ``K = n_strips`` strips of an ``n × n`` upper triangle holding
+    equal areas: the rows above row ``a`` hold ``n² (1 − (1 − a/n)²)/2`` of its entries, a
+    fraction ``i/K`` of them at ``a = n (1 − √(1 − i/K))``."""
     edges = [round(n_rows * (1 - math.sqrt(1 - i / n_strips))) for i in range(n_strips)]
     return [*edges, n_rows]
 
