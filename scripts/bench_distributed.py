@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | --- | --- | --- |")
     for phase in PHASES:
         a, b = rows["one"][phase], rows["ranks"][phase]
-        print(f"| {phase} | {a:.4f} | {b:.4f} | {a / b:.2f} |")
+        print(f"| {phase} | {a:.4g} | {b:.4g} | {a / b:.3g} |")
     for label, summary in (("1 process", one), (f"{args.ranks} ranks", many)):
         print(
             f"{label}: E = {summary['energy']:.8f} ± {summary['energy_error']:.1e}"
