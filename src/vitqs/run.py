@@ -304,6 +304,7 @@ def run_config(
     run = _prepare(
         config, resume=resume, overwrite=overwrite, initial_parameters=initial_parameters
     )
+    distributed.share_parameters(run.model)  # every rank starts from rank 0's parameters
     with _signals_to_flag() as stop:
         _optimize(run, stop, progress and distributed.is_root(), start)
     # every iteration is done: checkpoint, so an interrupted final measurement resumes here
@@ -329,9 +330,7 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
     vmc = build_vmc(config)
     hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
     if resume:
-        run = _restore(config, path, hamiltonian, model, sampler, vmc)
-        distributed.share_parameters(model)
-        return run
+        return _restore(config, path, hamiltonian, model, sampler, vmc)
     if initial_parameters is not None:
         try:
             model.load_state_dict(initial_parameters)
@@ -342,7 +341,6 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
             ) from None
     elif config.model.init_from is not None:
         start_from_results(config, model, sampler)
-    distributed.share_parameters(model)  # every rank starts from rank 0's parameters
     record = _new_record(config, hamiltonian, model)
     _write(path, record)  # claims the name; replaced atomically from now on
     return Run(config, hamiltonian, model, sampler, vmc, record, path)

@@ -145,22 +145,26 @@ def gram(X: torch.Tensor, *, rows: bool) -> torch.Tensor:
     return upper.triu() + upper.triu(1).T
 
 
-def _gram_upper(X: torch.Tensor, *, rows: bool, n_blocks: int = 8) -> torch.Tensor:
+def _gram_upper(
+    X: torch.Tensor, *, rows: bool, n_blocks: int = 8, row_range: tuple[int, int] | None = None
+) -> torch.Tensor:
     """Returns a matrix whose upper triangle is that of ``X Xᵀ`` (or ``Xᵀ X``); finite below.
 
     A symmetric rank-k product by blocks: block row ``i`` of the result is ``A_i Aᵀ_{≥i}``
     for ``n_blocks`` strips ``A_i`` of ``A = X`` (or ``Xᵀ``), so ``(n_blocks + 1) / 2n_blocks``
     of the multiply-adds of a full product (56 % for 8 blocks; BLAS ``syrk`` would be 50 %
     but torch does not expose it). Each strip is one torch matmul: any device, torch's own
-    thread count, no copies (strips of ``Xᵀ`` are strided views).
+    thread count, no copies (strips of ``Xᵀ`` are strided views). With ``row_range =
+    (first, last)`` only those rows of the result ``(last − first, n)`` are computed.
     """
     A = X if rows else X.T  # (n, k): the result is A Aᵀ
     n = A.shape[0]
-    out = torch.zeros((n, n), dtype=X.dtype, device=X.device)
-    edges = [n * i // n_blocks for i in range(n_blocks + 1)]
+    first, last = (0, n) if row_range is None else row_range
+    out = torch.zeros((last - first, n), dtype=X.dtype, device=X.device)
+    edges = [first + (last - first) * i // n_blocks for i in range(n_blocks + 1)]
     for start, stop in zip(edges[:-1], edges[1:], strict=True):
         if stop > start:
-            torch.mm(A[start:stop], A[start:].T, out=out[start:stop, start:])
+            torch.mm(A[start:stop], A[start:].T, out=out[start - first : stop - first, start:])
     return out
 
 
@@ -233,19 +237,10 @@ def _distributed_minsr(X: torch.Tensor, e: torch.Tensor, diag_shift: float) -> t
     """
     X_all, e_all = gather_rows(X), gather_rows(e)  # (N, P), (N,)
     n_rows = X_all.shape[0]
-    start, stop = _strip_edges(n_rows, world_size())[rank() : rank() + 2]
-    strip = torch.zeros((stop - start, n_rows), dtype=X.dtype, device=X.device)
-    # by blocks of rows, each from the diagonal on: the strip's share of the upper triangle
-    edges = [start + (stop - start) * i // _STRIP_BLOCKS for i in range(_STRIP_BLOCKS + 1)]
-    for first, last in zip(edges[:-1], edges[1:], strict=True):
-        if last > first:
-            rows = strip[first - start : last - start, first:]
-            torch.mm(X_all[first:last], X_all[first:].T, out=rows)
-    kernel = gather_rows(strip)  # (N, N): its upper triangle, all solve_shifted reads
+    strip = _strip_edges(n_rows, world_size())[rank() : rank() + 2]
+    upper = _gram_upper(X_all, rows=True, row_range=tuple(strip))  # this rank's rows
+    kernel = gather_rows(upper)  # (N, N): its upper triangle, all solve_shifted reads
     return X_all.T @ solve_shifted(kernel, e_all, diag_shift)
-
-
-_STRIP_BLOCKS = 8  # blocks of rows per strip, each multiplied from the diagonal on
 
 
 def _strip_edges(n_rows: int, n_strips: int) -> list[int]:
