@@ -79,6 +79,7 @@ def sweep_rows():
                 "exact_energy_per_site": exact,
                 "relative_error": None if exact is None else abs(1e-3 / exact),
                 "structure_factor_peak": 1.0 - j2,
+                "exact_structure_factor_peak": None if exact is None else 1.01 - j2,
             }
         )
     return rows

@@ -16,8 +16,10 @@ from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixt
     write_config,
 )
 
-from vitqs import results, sweep
-from vitqs.run import run_config
+from vitqs import exact, results, sweep
+from vitqs.config import from_dict
+from vitqs.observables import condensate_fraction, exact_one_body_density_matrix
+from vitqs.run import build_hamiltonian, run_config
 
 
 def _write_sweep(tmp_path, **spec):
@@ -54,6 +56,16 @@ def test_sweep_writes_tables_figures_and_resumes(tmp_path, capsys, monkeypatch):
         assert record.status == "finished"
         assert point["energy"] == record.final["energy"]
         assert point["exact_energy"] == record.exact["energy"]
+        # the exact ground state's condensate fraction, recomputed here from ED, sits beside
+        # the VMC one (the figure draws it as crosses)
+        hamiltonian = build_hamiltonian(from_dict(yaml.safe_load(record.config_yaml)))
+        ground = exact.ground_state(hamiltonian, return_vector=True, use_cache=False)
+        rho = exact_one_body_density_matrix(hamiltonian.hilbert, ground.vector)
+        fraction = condensate_fraction(rho, hamiltonian.hilbert.n_particles)
+        assert point["exact_condensate_fraction"] == pytest.approx(fraction, rel=1e-10)
+    # the condensate is depleted by the interaction
+    first_point, second_point = summary["points"]
+    assert first_point["exact_condensate_fraction"] > second_point["exact_condensate_fraction"]
     with open(folder / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [float(row["U"]) for row in rows] == [2.0, 6.0]

@@ -247,19 +247,28 @@ def exact_spin_correlations(
     ``sign_rule``: the vector is in the Marshall-rotated basis (``Heisenberg(sign_rule=True)``).
     """
     vector, norm = _vector_and_norm(vector)
-    states = hilbert.all_states().astype(np.int64)  # (D, N)
     prob = np.abs(vector) ** 2 / norm
-    corr = np.einsum("d,di,dj->ij", prob, states, states) / 4.0
+    spins = hilbert.all_states().astype(np.float64)  # (D, N)
+    corr = (spins.T * prob) @ spins / 4.0
     sign = _pair_signs(lattice, sign_rule)
+    codes = hilbert.codes
     for i, j in zip(*np.triu_indices(lattice.n_sites, k=1), strict=True):
-        rows = np.nonzero(states[:, i] != states[:, j])[0]
-        swapped = states[rows].copy()
-        swapped[:, [i, j]] = swapped[:, [j, i]]
-        amp = np.vdot(vector[rows], vector[hilbert.state_index(swapped)]) / norm
+        # on state codes (one bit per site, up = 1): exchanging two opposite spins moves
+        # one bit, so the partner's code is a shift of x's, ranked without building states
+        up_i, up_j = _digit(hilbert, codes, i), _digit(hilbert, codes, j)
+        rows = np.flatnonzero(up_i != up_j)
+        step = up_j[rows] - up_i[rows]  # +1: j's up spin moves to i
+        swapped = codes[rows] + (step << i) - (step << j)
+        amp = np.vdot(vector[rows], vector[hilbert.code_index(swapped)]) / norm
         corr[i, j] += 0.5 * sign[i, j] * amp.real
         corr[j, i] = corr[i, j]
     np.fill_diagonal(corr, 0.75)
     return corr
+
+
+def _digit(hilbert, codes: np.ndarray, site: int) -> np.ndarray:
+    """Returns every code's digit at ``site`` (the occupation, or 1 for spin up), int64."""
+    return (codes >> (hilbert.bits * site)) & ((1 << hilbert.bits) - 1)
 
 
 def exact_densities(hilbert, vector: np.ndarray) -> np.ndarray:
@@ -272,25 +281,23 @@ def exact_density_correlations(hilbert, vector: np.ndarray) -> np.ndarray:
     """Returns ``⟨n_i n_j⟩`` ``(N, N)`` of a state vector over a boson sector."""
     vector, norm = _vector_and_norm(vector)
     states = hilbert.all_states().astype(np.float64)
-    return np.einsum("d,di,dj->ij", np.abs(vector) ** 2 / norm, states, states)
+    return (states.T * (np.abs(vector) ** 2 / norm)) @ states
 
 
 def exact_one_body_density_matrix(hilbert, vector: np.ndarray) -> np.ndarray:
     """Returns ``⟨b_i† b_j⟩`` ``(N, N)`` complex of a state vector over a boson sector."""
     vector, norm = _vector_and_norm(vector)
-    states = hilbert.all_states().astype(np.int64)
+    codes, bits = hilbert.codes, hilbert.bits
     n_sites = hilbert.n_sites
     rho = np.zeros((n_sites, n_sites), dtype=np.complex128)
     rho[np.diag_indices(n_sites)] = exact_densities(hilbert, vector)
-    for i in range(n_sites):
-        for j in range(n_sites):
-            if i == j:
-                continue
-            # ⟨x| b_i† b_j |x'⟩ ≠ 0 for x' = x with one particle moved i -> j
-            rows = np.nonzero((states[:, i] > 0) & (states[:, j] < hilbert.n_max))[0]
-            moved = states[rows].copy()
-            moved[:, i] -= 1
-            moved[:, j] += 1
-            element = np.sqrt(states[rows, i] * (states[rows, j] + 1))
-            rho[i, j] = np.vdot(vector[rows], element * vector[hilbert.state_index(moved)]) / norm
+    for i, j in zip(*np.triu_indices(n_sites, k=1), strict=True):
+        # ⟨x| b_i† b_j |x'⟩ ≠ 0 for x' = x with one particle moved i -> j: on state codes
+        # (the digits are the occupations) x' is x's code shifted, ranked without states
+        n_i, n_j = _digit(hilbert, codes, i), _digit(hilbert, codes, j)
+        rows = np.flatnonzero((n_i > 0) & (n_j < hilbert.n_max))
+        moved = codes[rows] - (1 << (bits * i)) + (1 << (bits * j))
+        element = np.sqrt(n_i[rows] * (n_j[rows] + 1))
+        rho[i, j] = np.vdot(vector[rows], element * vector[hilbert.code_index(moved)]) / norm
+        rho[j, i] = np.conj(rho[i, j])  # ⟨b_j† b_i⟩ = ⟨b_i† b_j⟩*: (b_i† b_j)† = b_j† b_i
     return rho

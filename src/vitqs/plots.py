@@ -177,7 +177,8 @@ def plot_sweep(rows: Sequence[dict], parameter: str, out_dir: str | Path) -> lis
         rows: one dict per sweep point with ``parameter``, ``energy_per_site``,
             ``energy_error_per_site``, ``exact_energy_per_site`` (None when unknown),
             ``relative_error`` (None when unknown), and optionally order parameters
-            ``condensate_fraction`` / ``structure_factor_peak`` (with ``<name>_error``).
+            ``condensate_fraction`` / ``structure_factor_peak`` (with ``<name>_error``, and
+            ``exact_<name>`` from the exact ground state, drawn as crosses).
         parameter: the swept key, e.g. ``"J2"`` or ``"U"``; its values must be numbers.
 
     ``energy_per_site.png`` always; ``relative_error.png`` (log) when any is known;
@@ -241,8 +242,17 @@ def _sweep_order_parameters(rows, x, parameter, path: Path) -> Path | None:
     panels = figure.subplots(1, len(present), squeeze=False)[0]
     for axes, name in zip(panels, present, strict=True):
         axes.errorbar(
-            x, _column(rows, name), yerr=_column(rows, f"{name}_error"), marker="o", capsize=3
+            x,
+            _column(rows, name),
+            yerr=_column(rows, f"{name}_error"),
+            marker="o",
+            capsize=3,
+            label="VMC",
         )
+        exact = _column(rows, f"exact_{name}")
+        if np.isfinite(exact).any():
+            axes.plot(x, exact, "kx", ms=7, label="exact")
+            axes.legend()
         axes.set_xlabel(parameter)
         axes.set_ylabel(name)
         axes.grid(True, alpha=0.3)

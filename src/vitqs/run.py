@@ -685,9 +685,15 @@ def _observables(run: Run, model, samples, sampler) -> dict:
     return values
 
 
+# Sectors up to this size also get the observables of the exact ground state: on state codes
+# they cost less than the diagonalisation (7-11 s for the 1,352,078 states of the
+# Bose-Hubbard chain L = N = 12, against ~30 s of Lanczos).
+_EXACT_OBSERVABLES_MAX_DIM = 2_000_000
+
+
 def _exact_observables(run: Run) -> dict:
     """Returns the same observables from the exact ground state, when the sector is small."""
-    if run.record.exact is None or run.record.exact["dimension"] > 1_000_000:
+    if run.record.exact is None or run.record.exact["dimension"] > _EXACT_OBSERVABLES_MAX_DIM:
         return {}
     vector = exact_ground_state(run.config, run.hamiltonian, return_vector=True).vector
     measured = observables.observables_of_vector(run.hamiltonian, vector)

@@ -156,8 +156,13 @@ def _row(point: dict, record) -> dict:
         row["condensate_fraction"] = float(np.real(obs["condensate_fraction"]))
         if "condensate_fraction_error" in obs:
             row["condensate_fraction_error"] = float(obs["condensate_fraction_error"])
+        if "exact_condensate_fraction" in obs:
+            row["exact_condensate_fraction"] = float(np.real(obs["exact_condensate_fraction"]))
     if "structure_factor" in obs:
         row["structure_factor_peak"] = float(np.max(np.real(obs["structure_factor"])))
+        if "exact_structure_factor" in obs:
+            peak = np.max(np.real(obs["exact_structure_factor"]))
+            row["exact_structure_factor_peak"] = float(peak)
     return row
 
 
