@@ -94,6 +94,20 @@ def test_sweep_writes_tables_figures_and_resumes(tmp_path, capsys, monkeypatch):
     assert run_files(folder) == ["U=2.0.h5", "U=6.0.h5"]
 
 
+@pytest.mark.slow
+def test_a_changed_sweep_does_not_read_back_points_of_the_old_config(tmp_path, capsys):
+    path = _write_sweep(tmp_path, sweep={"hamiltonian.U": [2.0]})
+    assert run_main(capsys, "sweep", path, "--quiet")[0] == 0
+    point = tmp_path / "out" / "u_scan" / "U=2.0.h5"
+    mtime = point.stat().st_mtime_ns
+    spec = yaml.safe_load(path.read_text())
+    spec["set"] = {"hamiltonian.J": 0.5}  # the same file name, another hamiltonian
+    path.write_text(yaml.safe_dump(spec))
+    code, out, err = run_main(capsys, "sweep", path, "--quiet")
+    assert_one_line_error(code, err, "hamiltonian.J", str(point))
+    assert point.stat().st_mtime_ns == mtime  # the earlier run is kept
+
+
 @pytest.mark.parametrize(
     "spec, key",
     [

@@ -414,7 +414,7 @@ def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
         record = results.read_results(path)
     except results.ResultsError as err:
         raise ConfigError(f"--resume: {err}") from None
-    changed = _changed_keys(yaml.safe_load(record.config_yaml) or {}, config.to_dict())
+    changed = config_changes(record, config)
     if changed:
         raise ConfigError(
             f"--resume: the config changed since '{path}' was written ({', '.join(changed)}); "
@@ -446,6 +446,12 @@ def _flatten(data, prefix=""):
     for key, value in data.items():
         flat.update(_flatten(value, f"{prefix}{key}."))
     return flat
+
+
+def config_changes(record: results.RunRecord, config: Config) -> list[str]:
+    """Returns the dotted keys whose values differ between ``record``'s run and ``config``,
+    leaving out those a resume may change (``_RESUMABLE_CHANGES``)."""
+    return _changed_keys(yaml.safe_load(record.config_yaml) or {}, config.to_dict())
 
 
 def _changed_keys(old: dict, new: dict) -> list[str]:

@@ -24,7 +24,7 @@ from vitqs import results
 from vitqs.config import ConfigError, from_dict, read_yaml, set_dotted
 from vitqs.distributed import is_root
 from vitqs.plots import markdown_table, plot_sweep
-from vitqs.run import run_config
+from vitqs.run import config_changes, run_config
 
 _SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
 
@@ -120,6 +120,13 @@ def _run_point(config, warm_parameters, progress):
             record = results.read_results(path)
         except results.ResultsError:
             record = None
+        changed = config_changes(record, config) if record is not None else []
+        if changed:
+            # a finished point would be read back as if it were this config's
+            raise ConfigError(
+                f"sweep: '{path}' holds a run of another config ({', '.join(changed)}); "
+                "give the sweep another name or output.dir, or delete the file to run it again"
+            )
         if record is not None and record.status == "finished":
             return record
         if record is not None and record.checkpoint is not None:
