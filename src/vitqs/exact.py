@@ -124,7 +124,8 @@ def _lowest_eigenpair(matrix) -> tuple[float, np.ndarray]:
     if dim < _DENSE_BELOW:
         values, vectors = np.linalg.eigh(matrix.toarray())
         return float(values[0]), vectors[:, 0]
-    # a fixed start vector makes the result reproducible; ones overlap every sector state
+    # a fixed random start vector makes the result reproducible and, with probability one,
+    # overlaps the ground state
     start = np.random.default_rng(0).normal(size=dim)
     values, vectors = sla.eigsh(matrix, k=1, which="SA", v0=start, tol=1e-12)
     return float(values[0]), vectors[:, 0]
