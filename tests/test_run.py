@@ -191,6 +191,44 @@ def test_resume_refuses_a_changed_hamiltonian_and_continues_a_raised_n_iter(tmp_
     assert record.status == "finished" and record.checkpoint_step == 6
 
 
+def test_a_resume_settles_changed_exact_settings_before_its_steps(tmp_path, capsys):
+    """exact.* may change on a resume: an impossible ED is refused before any step (the file
+    untouched), and ED switched off leaves a finished run without exact values."""
+    path = write_config(tmp_path / "tiny.yaml", tiny_bose_hubbard(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny_bh.h5"
+    before = h5.read_bytes()
+    more = ("--resume", "--quiet", "--set", "optimizer.n_iter=6")
+    code, _, err = run_main(
+        capsys, "run", path, *more, "--set", "exact.enabled=true", "--set", "exact.max_dim=10"
+    )
+    assert_one_line_error(code, err, "exact.max_dim=10")
+    assert h5.read_bytes() == before
+
+    code, _, err = run_main(capsys, "run", path, *more, "--set", "exact.enabled=false")
+    assert code == 0, err
+    record = results.read_results(h5)
+    assert record.status == "finished" and len(record.history) == 6
+    assert record.exact is None and np.isnan(record.final["relative_error"])
+    assert not any(name.startswith("exact_") for name in record.observables)
+
+
+def test_a_resume_starts_from_its_checkpoint_whatever_model_init_from_says(tmp_path, capsys):
+    data = tiny_bose_hubbard(tmp_path / "out")
+    path = write_config(tmp_path / "tiny.yaml", data)
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny_bh.h5"
+    other = tmp_path / "other.h5"
+    other.write_bytes(h5.read_bytes())
+    code, _, err = run_main(
+        capsys,
+        *("run", path, "--resume", "--quiet", "--set", "optimizer.n_iter=6"),
+        *("--set", f"model.init_from={other}"),
+    )
+    assert code == 0, err
+    assert len(results.read_results(h5).history) == 6
+
+
 def test_resume_without_a_file_is_an_error(tmp_path, capsys):
     path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
     code, _, err = run_main(capsys, "run", path, "--resume")

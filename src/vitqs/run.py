@@ -51,6 +51,8 @@ _RESUMABLE_CHANGES = (
     "exact.max_dim",
     "optimizer.max_seconds",
     "sampler.max_frozen_steps",
+    # where a new run starts from: a resume starts from its own checkpoint
+    "model.init_from",
     # the final average: measured once the steps are done
     "final.symmetrize",
     "final.spin_flip",
@@ -397,16 +399,23 @@ def _new_record(config: Config, hamiltonian, model) -> results.RunRecord:
         n_sites=hamiltonian.n_sites,
         n_params=sum(p.numel() for p in model.parameters()),
     )
+    record.exact = _exact_reference(config, hamiltonian)
+    return record
+
+
+def _exact_reference(config: Config, hamiltonian) -> dict | None:
+    """Returns the record's ``exact`` group (None when ``exact.*`` rules ED out); raises
+    ConfigError when ``exact.enabled: true`` and the sector is above ``exact.max_dim``."""
     # rank 0 alone writes the record: the others need not diagonalize
     reference = exact_ground_state(config, hamiltonian) if distributed.is_root() else None
-    if reference is not None:
-        record.exact = {
-            "energy": reference.energy,
-            "energy_per_site": reference.energy / hamiltonian.n_sites,
-            "dimension": reference.dimension,
-            "seconds": reference.seconds,
-        }
-    return record
+    if reference is None:
+        return None
+    return {
+        "energy": reference.energy,
+        "energy_per_site": reference.energy / hamiltonian.n_sites,
+        "dimension": reference.dimension,
+        "seconds": reference.seconds,
+    }
 
 
 def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
@@ -414,6 +423,7 @@ def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
         record = results.read_results(path)
     except results.ResultsError as err:
         raise ConfigError(f"--resume: {err}") from None
+    earlier = yaml.safe_load(record.config_yaml) or {}
     changed = config_changes(record, config)
     if changed:
         raise ConfigError(
@@ -428,6 +438,9 @@ def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
         raise ConfigError(
             f"--resume: '{path}' holds no checkpoint yet; start it again with --overwrite"
         )
+    if earlier.get("exact") != config.to_dict()["exact"]:
+        # exact.* may change on a resume: settle the reference (or refuse) before any step
+        record.exact = _exact_reference(config, hamiltonian)
     state = results.load_checkpoint(record)
     model.load_state_dict(state["model"])
     vmc.load_state_dict(state["vmc"])
