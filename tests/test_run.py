@@ -229,6 +229,16 @@ def test_a_resume_starts_from_its_checkpoint_whatever_model_init_from_says(tmp_p
     assert len(results.read_results(h5).history) == 6
 
 
+def test_an_output_dir_that_cannot_be_a_folder_is_a_one_line_error(tmp_path, capsys):
+    taken = tmp_path / "a_file"
+    taken.write_text("keep me")
+    for output_dir in (taken, taken / "below"):
+        path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(output_dir))
+        code, _, err = run_main(capsys, "run", path)
+        assert_one_line_error(code, err, "output.dir", str(output_dir))
+    assert taken.read_text() == "keep me"
+
+
 def test_resume_without_a_file_is_an_error(tmp_path, capsys):
     path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
     code, _, err = run_main(capsys, "run", path, "--resume")

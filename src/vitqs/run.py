@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import statistics as pystats
 import time
@@ -328,6 +329,7 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
         )
     if resume and not path.exists():
         raise ConfigError(f"--resume: there is no results file '{path}' to resume")
+    _check_output_dir(config.output.dir)
     distributed.barrier()  # every rank has looked before rank 0 claims the name
     vmc = build_vmc(config)
     hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
@@ -346,6 +348,19 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
     record = _new_record(config, hamiltonian, model)
     _write(path, record)  # claims the name; replaced atomically from now on
     return Run(config, hamiltonian, model, sampler, vmc, record, path)
+
+
+def _check_output_dir(output_dir) -> None:
+    """Raises ConfigError unless ``output.dir`` is (or can be made) a writable folder: found
+    before ED and the steps, not when the first checkpoint is due."""
+    try:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"output.dir='{output_dir}' cannot be made a folder ({err.strerror})"
+        ) from None
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"output.dir='{output_dir}' is not writable")
 
 
 def _write(path: Path, record: results.RunRecord) -> None:
