@@ -3,6 +3,7 @@ SIGINT to the same energies, and clear errors on truncated or foreign files."""
 
 import json
 import os
+import shlex
 import signal
 import time
 
@@ -146,17 +147,21 @@ def test_sigint_checkpoints_then_resume_completes(tmp_path, capsys):
     data = tiny_heisenberg(tmp_path / "out", **RESUME_SECTIONS)
     path = write_config(tmp_path / "tiny.yaml", data)
     h5 = tmp_path / "out" / "tiny.h5"
-    process = vitqs_process("run", path, "--quiet")
+    override = ("--set", "optimizer.diag_shift=0.002")  # a resume must repeat it
+    process = vitqs_process("run", path, *override, "--quiet")
     _wait_for_checkpoint(process, h5)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode != 0
-    assert "--resume" in err and "Traceback" not in err
+    assert "Traceback" not in err
     record = results.read_results(h5)
     assert record.status == "interrupted"
     assert record.checkpoint_step == len(record.history) >= 1
 
-    code, out, err = run_main(capsys, "run", path, "--resume", "--quiet", "--json")
+    # the printed command, overrides included, is the one that resumes
+    hint = shlex.split(err.split("Resume with: ")[1])
+    assert hint == ["vitqs", "run", str(path), *override, "--resume"]
+    code, out, err = run_main(capsys, *hint[1:], "--quiet", "--json")
     assert code == 0, err
     assert last_json(out)["n_iter"] == N_ITER
     np.testing.assert_array_equal(_history(h5)["step"], np.arange(N_ITER))

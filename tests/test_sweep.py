@@ -2,6 +2,9 @@
 finished points."""
 
 import csv
+import shlex
+import signal
+import time
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixt
     run_files,
     run_main,
     tiny_bose_hubbard,
+    vitqs_process,
     write_config,
 )
 
@@ -106,6 +110,27 @@ def test_a_changed_sweep_does_not_read_back_points_of_the_old_config(tmp_path, c
     code, out, err = run_main(capsys, "sweep", path, "--quiet")
     assert_one_line_error(code, err, "hamiltonian.J", str(point))
     assert point.stat().st_mtime_ns == mtime  # the earlier run is kept
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_names_the_command_that_resumes_it(tmp_path, capsys):
+    path = _write_sweep(
+        tmp_path, set={"optimizer.n_iter": 100, "output.checkpoint_every": 1}, warm_start=False
+    )
+    first = tmp_path / "out" / "u_scan" / "U=2.0.h5"
+    process = vitqs_process("sweep", path, "--quiet")
+    deadline = time.monotonic() + 120
+    while not (first.exists() and results.read_results(first).checkpoint is not None):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in err
+    hint = shlex.split(err.split("Resume with: ")[1])
+    assert hint == ["vitqs", "sweep", str(path)]
+    code, out, err = run_main(capsys, *hint[1:], "--quiet", "--json")
+    assert code == 0, err
+    assert [point["U"] for point in last_json(out)["points"]] == [2.0, 6.0]
 
 
 @pytest.mark.parametrize(

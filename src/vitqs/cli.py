@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -222,8 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vitqs {args.command}: interrupted", file=sys.stderr)
         return 130
     except _interruption() as err:
-        print(f"vitqs {args.command}: {err}", file=sys.stderr)
+        print(f"vitqs {args.command}: {err}. {_resume_hint(args)}", file=sys.stderr)
         return 128 + err.signal_number
+
+
+def _resume_hint(args) -> str:
+    """Returns the command that resumes an interrupted run or sweep, as the user typed it."""
+    if args.command == "sweep":  # a sweep resumes its unfinished point by itself
+        return f"Resume with: vitqs sweep {shlex.quote(args.sweep)}"
+    overrides = "".join(f" --set {shlex.quote(item)}" for item in args.overrides)
+    return f"Resume with: vitqs run {shlex.quote(args.config)}{overrides} --resume"
 
 
 if __name__ == "__main__":

@@ -633,7 +633,7 @@ def _interrupted(run: Run, signal_number: int):
     name = signal.Signals(signal_number).name
     raise RunInterrupted(
         f"{name} received: stopped after step {len(run.record.history)} and wrote a checkpoint "
-        f"to '{run.path}'. Resume with: vitqs run <config> --resume",
+        f"to '{run.path}'",
         signal_number,
     )
 
