@@ -42,6 +42,8 @@ import h5py
 import numpy as np
 import yaml
 
+from vitqs.config import ConfigError  # no torch: the netket worker imports this file too
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs" / "benchmarks"
 SYSTEMS = (
@@ -138,7 +140,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
 
     record = read_results(results_file)
     if record.status != "finished":
-        raise SystemExit(f"{results_file}: the run is {record.status}, not finished")
+        raise ConfigError(f"{results_file}: the run is {record.status}, not finished")
     config = load_config_dict(yaml.safe_load(record.config_yaml), system)
     summary = run_summary(record, results_file)
     with h5py.File(results_file, "r") as f:
@@ -527,10 +529,10 @@ def _run_systems(args, rows_dir: Path) -> None:
 
 
 def _stored_row(rows_dir: Path, system: str) -> dict:
-    """Returns ``system``'s stored vitqs row, without its peers (SystemExit if none)."""
+    """Returns ``system``'s stored vitqs row, without its peers (ConfigError if none)."""
     row = _load_row(rows_dir, system)
     if row is None:
-        raise SystemExit(f"--netket-only: no stored row for {system} in {rows_dir}")
+        raise ConfigError(f"--netket-only: no stored row for {system} in {rows_dir}")
     for key in ("peers", "peer_failure", "side_by_side"):
         row.pop(key, None)
     return row
@@ -563,7 +565,7 @@ def _side_by_side(
     exact_energy = None if ground is None else ground.energy
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
-        raise SystemExit("--side-by-side needs two cores (one per engine)")
+        raise ConfigError("--side-by-side needs two cores (one per engine)")
     started = start_netket(path, budget, exact_energy, cpu=cores[1], max_dim=max_dim)
     os.sched_setaffinity(0, {cores[0]})
     try:
@@ -643,8 +645,8 @@ def _summary_line(label: str, row: dict) -> str:
     return f"{label}: rel={relative} its={row['n_iter']} {row['seconds']:.0f}s {peers}"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), metavar="NAME")
     parser.add_argument("--budget", type=float, default=None, help="seconds per run (override)")
     parser.add_argument("--with-netket", action="store_true", help="netket's ViT beside each row")
@@ -691,28 +693,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str | None = None) -> int:
+    """Runs the benchmark; raises ConfigError (one line, exit 2) on bad arguments."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--netket-worker"]:
         _netket_worker(argv[1])
         return 0
-    args = parse_args(argv)
+    args = parse_args(argv, prog)
     unknown = [s for s in args.systems if not (CONFIG_DIR / f"{s}.yaml").exists()]
     if unknown:
-        raise SystemExit(f"no config for {unknown} in {CONFIG_DIR}")
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.endswith("_sweep"))
+        raise ConfigError(
+            f"--systems: no config for {', '.join(unknown)} in {CONFIG_DIR}; "
+            f"known: {', '.join(known)}"
+        )
     if args.netket_only and (args.ablation or args.with_netket or args.keep_peers):
-        raise SystemExit(
+        raise ConfigError(
             "--netket-only runs netket beside the stored rows of --systems; it does not "
             "combine with --ablation, --with-netket or --keep-peers"
         )
     if args.from_results is not None:
         if len(args.systems) != 1 or args.ablation or args.with_netket or args.netket_only:
-            raise SystemExit(
+            raise ConfigError(
                 "--from-results reads the row of one system (--systems NAME); it does not "
                 "combine with --ablation, --with-netket or --netket-only"
             )
         if not args.from_results.is_file():
-            raise SystemExit(f"--from-results: no file '{args.from_results}'")
+            raise ConfigError(f"--from-results: no file '{args.from_results}'")
     if not args.report_only:
         if args.ablation:
             _run_ablation(args, args.rows_dir)
@@ -728,4 +735,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ConfigError as err:
+        print(f"{Path(sys.argv[0]).name}: error: {err}", file=sys.stderr)
+        sys.exit(2)

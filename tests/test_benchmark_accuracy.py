@@ -13,6 +13,7 @@ import yaml
 from _shell_helpers import keep_torch_threads, tiny_heisenberg  # noqa: F401
 
 from vitqs.cli import main
+from vitqs.config import ConfigError
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -118,7 +119,7 @@ def test_thread_env_holds_blas_openmp_and_xla_to_the_count():
 def test_netket_only_refuses_the_modes_it_does_not_combine_with():
     bench = _script("benchmark_accuracy")
     for extra in ("--with-netket", "--keep-peers", "--ablation"):
-        with pytest.raises(SystemExit, match="--netket-only"):
+        with pytest.raises(ConfigError, match="--netket-only"):
             bench.main(["--systems", "heisenberg_chain16", "--netket-only", extra])
 
 
@@ -213,7 +214,22 @@ def test_a_row_of_steps_on_another_power_of_psi_says_so(tmp_path):
 
 def test_from_results_refuses_what_it_does_not_combine_with(tmp_path):
     bench = _script("benchmark_accuracy")
-    with pytest.raises(SystemExit, match="one system"):
+    with pytest.raises(ConfigError, match="one system"):
         bench.main(["--systems", "j1j2_4x4", "j1j2_6x6", "--from-results", str(tmp_path)])
-    with pytest.raises(SystemExit, match="no file"):
+    with pytest.raises(ConfigError, match="no file"):
         bench.main(["--systems", "j1j2_6x6", "--from-results", str(tmp_path / "none.h5")])
+
+
+def test_an_unknown_system_is_a_one_line_error_listing_the_known_ones(capsys):
+    code = main(["bench", "accuracy", "--systems", "nosuch"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert "nosuch" in err and "heisenberg_4x4" in err
+
+
+def test_bench_accuracy_help_names_the_command(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "accuracy", "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: vitqs bench accuracy")

@@ -158,7 +158,7 @@ def _bench_accuracy(args) -> int:
     script = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_accuracy.py"
     if not script.exists():
         raise ConfigError(f"bench accuracy runs '{script}', which needs a checkout of vitqs")
-    return runpy.run_path(str(script))["main"](args.extra)
+    return runpy.run_path(str(script))["main"](args.extra, prog="vitqs bench accuracy")
 
 
 def _bench_speed(args) -> int:
