@@ -70,5 +70,9 @@ def test_a_corrupt_cache_entry_is_solved_again(tmp_path):
 
 def test_sector_over_the_limit_is_refused_before_anything_is_built():
     ham = Heisenberg(Lattice((6, 6)))  # 9e9 states: building them would never finish
-    with pytest.raises(exact.SectorTooLargeError, match="max_dim"):
+    with pytest.raises(exact.SectorTooLargeError, match="max_dim") as refusal:
         exact.ground_state(ham, max_dim=5_000_000)
+    # out of any machine's reach: the error does not suggest raising the bound
+    assert "ED needs a smaller lattice" in str(refusal.value)
+    with pytest.raises(exact.SectorTooLargeError, match="raise exact.max_dim"):
+        exact.ground_state(Heisenberg(Lattice((6, 4))), max_dim=1_000_000)  # 2.7e6 states

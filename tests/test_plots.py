@@ -65,6 +65,9 @@ def test_report_on_a_single_file_and_a_missing_path(tmp_path):
     assert {p.parent for p in pngs} == {tmp_path / "run"}
     with pytest.raises(ResultsError, match="no such"):
         report(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ResultsError, match="no results files"):
+        report(tmp_path / "empty")
 
 
 def sweep_rows():

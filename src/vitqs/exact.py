@@ -71,10 +71,14 @@ def sector_fits(hilbert, max_dim: int) -> bool:
 def check_dimension(hamiltonian, max_dim: int = DEFAULT_MAX_DIM) -> int:
     """Returns the sector dimension, or raises SectorTooLargeError above ``max_dim``."""
     # a sector with 10^30 states must be refused without counting it exactly first
-    if hamiltonian.hilbert.log_dimension() > np.log(max_dim) + 1.0:
+    log_dim = hamiltonian.hilbert.log_dimension()
+    if log_dim > np.log(max_dim) + 1.0:
+        # beyond ~1e9 states the sparse matrix (~37 elements a row, 12 bytes each) outgrows
+        # any one machine's memory: raising the bound cannot help
+        remedy = "raise exact.max_dim or use" if log_dim < np.log(1e9) else "ED needs"
         raise SectorTooLargeError(
-            f"the sector has about 10^{hamiltonian.hilbert.log_dimension() / np.log(10):.0f} "
-            f"states, above exact.max_dim={max_dim:,}; raise exact.max_dim or use a smaller lattice"
+            f"the sector has about 10^{log_dim / np.log(10):.0f} states, above "
+            f"exact.max_dim={max_dim:,}; {remedy} a smaller lattice"
         )
     dim = hamiltonian.hilbert.dimension
     if dim > max_dim:

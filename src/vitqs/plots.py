@@ -113,11 +113,13 @@ def report(path: str | Path) -> tuple[str, list[Path]]:
 
     Figures of ``<dir>/<name>.h5`` go to ``<dir>/<name>/``. A file that does not read as a
     results file becomes a table row with status ``unreadable: <reason>``. Raises
-    ResultsError when ``path`` does not exist.
+    ResultsError when ``path`` does not exist or is a folder without results files.
     """
     path = Path(path)
     if path.is_dir():
         files = sorted(path.rglob("*.h5"))
+        if not files:
+            raise ResultsError(f"{path}: no results files (*.h5) in this folder or below")
     elif path.exists():
         files = [path]
     else:
