@@ -244,6 +244,31 @@ def test_an_output_dir_that_cannot_be_a_folder_is_a_one_line_error(tmp_path, cap
     assert taken.read_text() == "keep me"
 
 
+@pytest.mark.slow
+def test_a_run_in_progress_is_not_written_over_by_a_second_process(tmp_path, capsys):
+    data = tiny_heisenberg(tmp_path / "out", **RESUME_SECTIONS)
+    data["optimizer"]["n_iter"] = 10_000  # still running when the others try
+    path = write_config(tmp_path / "tiny.yaml", data)
+    h5 = tmp_path / "out" / "tiny.h5"
+    process = vitqs_process("run", path, "--quiet")
+    try:
+        _wait_for_checkpoint(process, h5)
+        for flag in ("--resume", "--overwrite"):  # a budget: unguarded, they would end
+            budget = ("--set", "optimizer.max_seconds=3")
+            code, _, err = run_main(capsys, "run", path, flag, *budget, "--quiet")
+            assert_one_line_error(code, err, str(h5), "another vitqs process")
+        assert process.poll() is None  # the first run goes on
+    finally:
+        process.kill()  # SIGKILL: no clean-up, yet the kernel drops the lock
+        process.communicate(timeout=60)
+    data["optimizer"]["n_iter"] = _checkpoint_step(h5) + 2
+    write_config(path, data)
+    code, _, err = run_main(capsys, "run", path, "--resume", "--quiet")
+    assert code == 0, err
+    assert results.read_results(h5).status == "finished"
+    assert os.listdir(tmp_path / "out") == ["tiny.h5"]  # the lock file goes with a clean end
+
+
 def test_resume_without_a_file_is_an_error(tmp_path, capsys):
     path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
     code, _, err = run_main(capsys, "run", path, "--resume")

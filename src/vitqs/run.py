@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import math
 import os
 import signal
@@ -304,18 +305,20 @@ def run_config(
     if config.threads:
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
-    run = _prepare(
-        config, resume=resume, overwrite=overwrite, initial_parameters=initial_parameters
-    )
-    distributed.share_parameters(run.model)  # every rank starts from rank 0's parameters
-    with _signals_to_flag() as stop:
-        _optimize(run, stop, progress and distributed.is_root(), start)
-    # every iteration is done: checkpoint, so an interrupted final measurement resumes here
-    _checkpoint(run, run.seconds_before + time.perf_counter() - start)
-    try:
-        finished = _finish(run, start)
-    except KeyboardInterrupt:
-        _interrupted(run, signal.SIGINT)
+    _check_output_dir(config.output.dir)
+    with _sole_writer(results.results_path(config.output.dir, config.name)):
+        run = _prepare(
+            config, resume=resume, overwrite=overwrite, initial_parameters=initial_parameters
+        )
+        distributed.share_parameters(run.model)  # every rank starts from rank 0's parameters
+        with _signals_to_flag() as stop:
+            _optimize(run, stop, progress and distributed.is_root(), start)
+        # every iteration is done: checkpoint, so an interrupted final measurement resumes here
+        _checkpoint(run, run.seconds_before + time.perf_counter() - start)
+        try:
+            finished = _finish(run, start)
+        except KeyboardInterrupt:
+            _interrupted(run, signal.SIGINT)
     distributed.barrier()  # rank 0 has written the file that every rank may read next
     return finished
 
@@ -329,7 +332,6 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
         )
     if resume and not path.exists():
         raise ConfigError(f"--resume: there is no results file '{path}' to resume")
-    _check_output_dir(config.output.dir)
     distributed.barrier()  # every rank has looked before rank 0 claims the name
     vmc = build_vmc(config)
     hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
@@ -361,6 +363,44 @@ def _check_output_dir(output_dir) -> None:
         ) from None
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"output.dir='{output_dir}' is not writable")
+
+
+@contextlib.contextmanager
+def _sole_writer(path: Path):
+    """Holds an exclusive lock on ``.<name>.h5.lock`` beside the results file for the whole
+    run (rank 0), so that a second ``vitqs run`` on the same file, a ``--resume`` or an
+    ``--overwrite``, is refused instead of writing over a run in progress. The kernel drops
+    the lock when the process ends, however it ends; a clean end also removes the file."""
+    if not distributed.is_root():
+        yield
+        return
+    lock = path.with_name(f".{path.name}.lock")
+    with open(lock, "a") as handle:
+        if not _lock(handle, lock):
+            raise ConfigError(
+                f"'{path}' is being written by another vitqs process; "
+                "let it finish or stop it (Ctrl-C / SIGTERM checkpoints it) first"
+            )
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # still held: a later run locks a new file
+
+
+def _lock(handle, lock: Path) -> bool:
+    """Returns whether this process now holds ``lock`` alone; True also on a file system
+    without locks (run unguarded rather than not at all)."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    try:
+        # a lock on a file that another run removed in between guards nothing
+        return os.fstat(handle.fileno()).st_ino == os.stat(lock).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _write(path: Path, record: results.RunRecord) -> None:
