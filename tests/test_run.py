@@ -240,8 +240,14 @@ def test_an_output_dir_that_cannot_be_a_folder_is_a_one_line_error(tmp_path, cap
     for output_dir in (taken, taken / "below"):
         path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(output_dir))
         code, _, err = run_main(capsys, "run", path)
-        assert_one_line_error(code, err, "output.dir", str(output_dir))
+        assert_one_line_error(code, err, "output.dir", str(output_dir), "not a folder")
     assert taken.read_text() == "keep me"
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(locked / "out"))
+        code, _, err = run_main(capsys, "run", path)
+        assert_one_line_error(code, err, "output.dir", "not writable")
 
 
 @pytest.mark.slow

@@ -306,9 +306,13 @@ def run_config(
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
     _check_output_dir(config.output.dir)
-    with _sole_writer(results.results_path(config.output.dir, config.name)):
+    with contextlib.ExitStack() as claim:  # holds the results file's lock until the end
         run = _prepare(
-            config, resume=resume, overwrite=overwrite, initial_parameters=initial_parameters
+            config,
+            resume=resume,
+            overwrite=overwrite,
+            initial_parameters=initial_parameters,
+            claim=claim,
         )
         distributed.share_parameters(run.model)  # every rank starts from rank 0's parameters
         with _signals_to_flag() as stop:
@@ -323,7 +327,7 @@ def run_config(
     return finished
 
 
-def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
+def _prepare(config, *, resume, overwrite, initial_parameters, claim) -> Run:
     path = results.results_path(config.output.dir, config.name)
     if path.exists() and not (resume or overwrite):
         raise ConfigError(
@@ -336,6 +340,7 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
     vmc = build_vmc(config)
     hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
     if resume:
+        claim.enter_context(_sole_writer(path))
         return _restore(config, path, hamiltonian, model, sampler, vmc)
     if initial_parameters is not None:
         try:
@@ -348,21 +353,23 @@ def _prepare(config, *, resume, overwrite, initial_parameters) -> Run:
     elif config.model.init_from is not None:
         start_from_results(config, model, sampler)
     record = _new_record(config, hamiltonian, model)
+    # a refused config has written nothing up to here: the folder is made now
+    claim.enter_context(_sole_writer(path))
     _write(path, record)  # claims the name; replaced atomically from now on
     return Run(config, hamiltonian, model, sampler, vmc, record, path)
 
 
 def _check_output_dir(output_dir) -> None:
-    """Raises ConfigError unless ``output.dir`` is (or can be made) a writable folder: found
-    before ED and the steps, not when the first checkpoint is due."""
-    try:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(
-            f"output.dir='{output_dir}' cannot be made a folder ({err.strerror})"
-        ) from None
-    if not os.access(output_dir, os.W_OK | os.X_OK):
-        raise ConfigError(f"output.dir='{output_dir}' is not writable")
+    """Raises ConfigError unless ``output.dir`` is, or can be made, a writable folder: found
+    before ED and the steps, not when the first file is due. Creates nothing (a refused
+    config leaves no trace)."""
+    existing = Path(output_dir).absolute()
+    while not existing.exists():  # the nearest existing ancestor decides
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"output.dir='{output_dir}': '{existing}' is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"output.dir='{output_dir}': '{existing}' is not writable")
 
 
 @contextlib.contextmanager
@@ -375,6 +382,7 @@ def _sole_writer(path: Path):
         yield
         return
     lock = path.with_name(f".{path.name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as handle:
         if not _lock(handle, lock):
             raise ConfigError(
