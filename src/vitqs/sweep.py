@@ -124,7 +124,7 @@ def _run_point(config, warm_parameters, progress):
         if changed:
             # a finished point would be read back as if it were this config's
             raise ConfigError(
-                f"sweep: '{path}' holds a run of another config ({', '.join(changed)}); "
+                f"'{path}' holds a run of another config ({', '.join(changed)}); "
                 "give the sweep another name or output.dir, or delete the file to run it again"
             )
         if record is not None and record.status == "finished":
