@@ -92,10 +92,11 @@ BAD_FOR_RUN = {
 @pytest.mark.parametrize("command", ["ed", "run"])
 def test_bad_config_exits_2_with_one_line(command, case, tmp_path, capsys):
     mutate, key = BAD_CONFIGS[case]
-    extra = "--quiet" if command == "run" else "--json"
-    code, _, err = run_main(capsys, command, _mutated(tmp_path, mutate), extra)
+    code, out, err = run_main(capsys, command, _mutated(tmp_path, mutate), "--json")
     assert_one_line_error(code, err, key)
     assert run_files(tmp_path) == []
+    # under --json a script reads why there is no result off the last stdout line
+    assert last_json(out) == {"error": err.strip().split(": error: ", 1)[1], "exit_code": 2}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FOR_RUN))

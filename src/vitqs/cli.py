@@ -217,14 +217,20 @@ def main(argv: list[str] | None = None) -> int:
         _check_launch(args.command)
         return _COMMANDS[args.command](args)
     except ConfigError as err:
-        print(f"vitqs {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return _failed(args, f"error: {err}", 2)
     except KeyboardInterrupt:
-        print(f"vitqs {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _failed(args, "interrupted", 130)
     except _interruption() as err:
-        print(f"vitqs {args.command}: {err}. {_resume_hint(args)}", file=sys.stderr)
-        return 128 + err.signal_number
+        return _failed(args, f"{err}. {_resume_hint(args)}", 128 + err.signal_number)
+
+
+def _failed(args, message: str, code: int) -> int:
+    """Prints ``message`` on stderr and, under ``--json``, a last stdout line saying the same
+    (a script reading that line learns why there is no result); returns the exit code."""
+    print(f"vitqs {args.command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message.removeprefix("error: "), "exit_code": code}))
+    return code
 
 
 def _resume_hint(args) -> str:
