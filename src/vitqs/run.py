@@ -487,8 +487,8 @@ def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
         record = results.read_results(path)
     except results.ResultsError as err:
         raise ConfigError(f"--resume: {err}") from None
-    earlier = yaml.safe_load(record.config_yaml) or {}
-    changed = config_changes(record, config)
+    earlier, current = yaml.safe_load(record.config_yaml) or {}, config.to_dict()
+    changed = _changed_keys(earlier, current)
     if changed:
         raise ConfigError(
             f"--resume: the config changed since '{path}' was written ({', '.join(changed)}); "
@@ -502,7 +502,7 @@ def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
         raise ConfigError(
             f"--resume: '{path}' holds no checkpoint yet; start it again with --overwrite"
         )
-    if earlier.get("exact") != config.to_dict()["exact"]:
+    if earlier.get("exact") != current["exact"]:
         # exact.* may change on a resume: settle the reference (or refuse) before any step
         record.exact = _exact_reference(config, hamiltonian)
     state = results.load_checkpoint(record)
@@ -775,8 +775,11 @@ _EXACT_OBSERVABLES_MAX_DIM = 2_000_000
 
 
 def _exact_observables(run: Run) -> dict:
-    """Returns the same observables from the exact ground state, when the sector is small."""
-    if run.record.exact is None or run.record.exact["dimension"] > _EXACT_OBSERVABLES_MAX_DIM:
+    """Returns the same observables from the exact ground state, when the sector is small
+    (rank 0 only: the record it writes is the one that keeps them)."""
+    if not distributed.is_root() or run.record.exact is None:
+        return {}  # a resumed record on another rank has rank 0's exact group: no second ED
+    if run.record.exact["dimension"] > _EXACT_OBSERVABLES_MAX_DIM:
         return {}
     vector = exact_ground_state(run.config, run.hamiltonian, return_vector=True).vector
     measured = observables.observables_of_vector(run.hamiltonian, vector)
