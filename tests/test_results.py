@@ -1,5 +1,6 @@
 """The results file: round trip of every field, atomic rewrites, clear errors on bad files."""
 
+import io
 import math
 
 import h5py
@@ -13,7 +14,6 @@ from vitqs.results import (
     HISTORY_FIELDS,
     ResultsError,
     RunRecord,
-    checkpoint_bytes,
     load_checkpoint,
     read_results,
     relative_error,
@@ -108,8 +108,25 @@ def test_round_trip_keeps_every_field(tmp_path):
     for name, value in record.observables.items():
         np.testing.assert_array_equal(back.observables[name], value)
     assert np.iscomplexobj(back.observables["one_body_density_matrix"])
-    assert back.checkpoint == record.checkpoint
+    assert_same_tree(back.checkpoint, record.checkpoint)
     assert back.checkpoint_step == 5
+
+
+def assert_same_tree(got, expected):
+    """Equal nested dicts, lists and tuples with equal tensors (dtype and values)."""
+    assert type(got) is type(expected), (got, expected)
+    if isinstance(expected, dict):
+        assert list(got) == list(expected)
+        for key in expected:
+            assert_same_tree(got[key], expected[key])
+    elif isinstance(expected, (list, tuple)):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert_same_tree(a, b)
+    elif isinstance(expected, torch.Tensor):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    else:
+        assert got == expected
 
 
 def test_file_layout_matches_the_contract(tmp_path):
@@ -123,7 +140,11 @@ def test_file_layout_matches_the_contract(tmp_path):
         step = f["history/step"]
         assert step.dtype == np.int64 and step.maxshape == (None,) and step.chunks is not None
         assert f["history/energy"].dtype == np.float64
-        assert f["checkpoint/state"].dtype == np.uint8
+        state = f["checkpoint/state"]  # an h5tree: groups and datasets, no pickled bytes
+        assert isinstance(state, h5py.Group) and state.attrs["kind"] == "dict"
+        assert state["model/weight"].attrs["kind"] == "tensor"
+        np.testing.assert_array_equal(state["model/weight"][()], np.arange(6.0).reshape(2, 3))
+        assert state["iteration"].attrs["kind"] == "int" and state["iteration"][()] == 5
         assert f["checkpoint"].attrs["step"] == len(f["history/step"])
         assert "observables" in f["final"]
 
@@ -156,12 +177,19 @@ def test_empty_history_round_trips(tmp_path):
     assert back.history_arrays()["step"].dtype == np.int64
 
 
-def test_inconsistent_records_are_refused(tmp_path):
+def test_history_may_run_past_the_checkpoint_but_not_behind_it(tmp_path):
     record = make_record(4, finished=False)
     record.set_checkpoint({"iteration": 4})
-    record.append_history(history_row(4))  # history moved on without a new checkpoint
-    with pytest.raises(ResultsError, match="checkpoint is for step 4 but history has 5"):
-        write_results(tmp_path / "x.h5", record)
+    record.append_history(history_row(4))  # a failed run keeps the steps after its checkpoint
+    back = read_results(write_results(tmp_path / "x.h5", record))
+    assert len(back.history) == 5 and back.checkpoint_step == 4
+    record.history = record.history[:3]  # but a checkpoint of a step never recorded is wrong
+    with pytest.raises(ResultsError, match="checkpoint is for step 4 but history has 3"):
+        write_results(tmp_path / "y.h5", record)
+    assert not (tmp_path / "y.h5").exists()
+
+
+def test_inconsistent_records_are_refused(tmp_path):
     with pytest.raises(ResultsError, match="unknown keys"):
         make_record().append_history({"step": 1, "enrgy": 1.0})
     finished = make_record()
@@ -193,12 +221,32 @@ def test_crash_mid_write_keeps_the_previous_file(tmp_path, monkeypatch):
 def test_stray_tmp_from_a_killed_writer_is_harmless(tmp_path):
     path = tmp_path / "run.h5"
     write_results(path, make_record(2, finished=False))
-    tmp = tmp_path / "run.h5.tmp"
+    tmp = tmp_path / ".run.h5.abc123.tmp"
     tmp.write_bytes(b"\x89HDF\r\n\x1a\n half a file")  # what SIGKILL mid-write leaves
     assert len(read_results(path).history) == 2
     write_results(path, make_record(4, finished=False))
     assert len(read_results(path).history) == 4
-    assert not tmp.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tmp.name, "run.h5"]
+
+
+def test_a_link_planted_at_a_temporary_name_is_never_written_through(tmp_path):
+    # the writer used to write <path>.tmp, a fixed name: a link planted there sent the whole
+    # results file into the file it pointed to
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    path = tmp_path / "run.h5"
+    (tmp_path / "run.h5.tmp").symlink_to(victim)
+    write_results(path, make_record(2, finished=False))
+    results.write_text_atomic(tmp_path / "notes.md", "table")
+    assert victim.read_text() == "precious"
+    assert len(read_results(path).history) == 2
+    assert (tmp_path / "notes.md").read_text() == "table"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.md",
+        "run.h5",
+        "run.h5.tmp",
+        "victim.txt",
+    ]
 
 
 def test_text_tables_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -279,9 +327,136 @@ def test_summary_row_of_finished_and_running_runs():
     assert running["relative_error"] is None and running["exact_energy"] is None
 
 
-def test_checkpoint_bytes_of_garbage_fail_clearly():
-    record = make_record(0, finished=False)
-    record.checkpoint, record.checkpoint_step = b"garbage", 0
-    with pytest.raises(ResultsError, match="does not load"):
-        load_checkpoint(record)
-    assert checkpoint_bytes({"a": 1})[:2] == b"PK"  # torch.save writes a zip archive
+def _format_1_file(path, payload: bytes):
+    """Turns the results file at ``path`` into format 1: the checkpoint as the bytes of
+    ``torch.save`` (what vitqs wrote before format 2)."""
+    with h5py.File(path, "a") as f:
+        f.attrs["format_version"] = 1
+        del f["checkpoint/state"]
+        f["checkpoint"].create_dataset("state", data=np.frombuffer(payload, dtype=np.uint8))
+
+
+def test_a_format_1_checkpoint_still_loads(tmp_path):
+    record = make_record(3, finished=False)
+    record.set_checkpoint(checkpoint_dict(3))
+    path = write_results(tmp_path / "old.h5", record)
+    buffer = io.BytesIO()
+    torch.save(checkpoint_dict(3), buffer)
+    _format_1_file(path, buffer.getvalue())
+    assert_same_tree(read_results(path).checkpoint, checkpoint_dict(3))
+
+
+class _Payload:
+    """Unpickles to a call of ``os.system``: what a crafted checkpoint would run."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_none(tmp_path):
+    marker = tmp_path / "pwned"
+    record = make_record(3, finished=False)
+    record.set_checkpoint(checkpoint_dict(3))
+    path = write_results(tmp_path / "crafted.h5", record)
+    buffer = io.BytesIO()
+    torch.save({"model": _Payload(f"touch {marker}")}, buffer)
+    _format_1_file(path, buffer.getvalue())
+    with pytest.raises(ResultsError, match="crafted.h5: the checkpoint does not load as plain"):
+        read_results(path)
+    # the same bytes in a format-2 file are not an h5tree at all
+    with h5py.File(path, "a") as f:
+        f.attrs["format_version"] = FORMAT_VERSION
+    with pytest.raises(ResultsError, match="crafted.h5: the checkpoint is not plain data"):
+        read_results(path)
+    assert not marker.exists()
+
+
+def _edit(path, change):
+    with h5py.File(path, "a") as f:
+        change(f)
+    return path
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda f: f.attrs.__setitem__("n_sites", "eight"), "'/n_sites' must be an integer"),
+        (lambda f: f.attrs.__setitem__("status", 3), "'/status' must be a string"),
+        (lambda f: f.attrs.__setitem__("status", "done"), "status 'done' is not one of"),
+        (lambda f: f.attrs.__setitem__("versions_json", "[1]"), "must be a JSON object"),
+        (lambda f: f["final"].attrs.__setitem__("energy", "low"), "'/final/energy' must be a"),
+        (lambda f: f.attrs.__setitem__("format_version", "2"), "invalid format_version"),
+        (lambda f: f["checkpoint"].attrs.__setitem__("step", 99), "checkpoint step 99"),
+        (
+            lambda f: f["checkpoint/state/model/weight"].attrs.__setitem__("kind", "pickle"),
+            "kind 'pickle' is not one of",
+        ),
+        (
+            lambda f: (
+                f["history"].__setitem__("energy_x", np.zeros(5))
+                or f["history"].move("energy_x", "energy_y")
+            ),
+            None,  # an extra column is ignored: the file still reads
+        ),
+    ],
+)
+def test_attributes_and_objects_of_the_wrong_type_are_one_line_errors(tmp_path, change, message):
+    record = make_record()
+    record.set_checkpoint(checkpoint_dict(5))
+    path = _edit(write_results(tmp_path / "odd.h5", record), change)
+    if message is None:
+        assert len(read_results(path).history) == 5
+        return
+    with pytest.raises(ResultsError, match="odd.h5") as error:
+        read_results(path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_links_to_other_files_or_objects_are_refused(tmp_path):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["secret"] = np.arange(3.0)
+    record = make_record()
+    record.set_checkpoint(checkpoint_dict(5))
+    changes = {
+        "external history": lambda f: (
+            f["history"].__delitem__("energy"),
+            f["history"].__setitem__("energy", h5py.ExternalLink(str(other), "/secret")),
+        ),
+        "soft link in the tree": lambda f: (
+            f["checkpoint/state/model"].__delitem__("bias"),
+            f["checkpoint/state/model"].__setitem__("bias", h5py.SoftLink("/history/energy")),
+        ),
+        "external group": lambda f: (
+            f.__delitem__("final"),
+            f.__setitem__("final", h5py.ExternalLink(str(other), "/")),
+        ),
+    }
+    for name, change in changes.items():
+        path = _edit(write_results(tmp_path / f"{name}.h5", record), change)
+        with pytest.raises(ResultsError, match="link|Link") as error:
+            read_results(path)
+        assert str(path) in str(error.value), name
+
+
+def test_a_huge_dataset_is_refused_before_it_is_read(tmp_path):
+    # 2^40 float64 (8 TiB) declared, a few kB on disk: reading it would take the machine down
+    record = make_record()
+    record.set_checkpoint(checkpoint_dict(5))
+
+    def plant(f):
+        del f["checkpoint/state/model/bias"]
+        huge = f["checkpoint/state/model"].create_dataset(
+            "bias", shape=(2**40,), dtype="f8", chunks=(2**20,), compression="gzip"
+        )
+        huge.attrs["kind"] = "tensor"
+
+    path = _edit(write_results(tmp_path / "huge.h5", record), plant)
+    assert path.stat().st_size < 1_000_000
+    with pytest.raises(ResultsError, match="bytes, above"):
+        read_results(path)

@@ -509,13 +509,16 @@ def _collapsed_jastrow_run(tmp_path, max_frozen_steps):
 
 
 def test_a_run_whose_chains_freeze_stops_with_a_checkpoint(tmp_path):
-    from vitqs.config import ConfigError
+    from vitqs.run import RunStopped
 
     config, parameters = _collapsed_jastrow_run(tmp_path, 3)
-    with pytest.raises(ConfigError, match=r"no move for 3 steps .*max_frozen_steps=3"):
+    with pytest.raises(RunStopped, match=r"no move for 3 steps .*max_frozen_steps=3"):
         run_config(config, progress=False, initial_parameters=parameters)
     record = results.read_results(results.results_path(config.output.dir, config.name))
+    # the last good checkpoint is kept: one written before the chains froze, not after
     assert record.status == "interrupted" and record.checkpoint is not None
+    assert record.checkpoint_step % config.output.checkpoint_every == 0
+    assert record.checkpoint_step < len(record.history)
     acceptance = [row["acceptance"] for row in record.history]
     # the first steps still move (chains thermalising into the Mott configuration), then 3
     # frozen steps in a row stop the run

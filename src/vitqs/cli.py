@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -38,11 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     run.add_argument("--overwrite", action="store_true", help="replace an existing results file")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--no-cache", action="store_true", help="solve ED again, ignoring its cache")
 
     sweep = commands.add_parser("sweep", help="run a grid of configs, with tables and figures")
     sweep.add_argument("sweep", help="sweep YAML: base, name, sweep (grid), warm_start")
     sweep.add_argument("--json", action="store_true", help="end stdout with one JSON line")
     sweep.add_argument("--quiet", action="store_true", help="no progress bars")
+    sweep.add_argument("--no-cache", action="store_true", help="solve ED again, ignoring its cache")
 
     report = commands.add_parser("report", help="tables and figures of results files")
     report.add_argument("path", help="a results file or a folder of them")
@@ -73,8 +76,24 @@ def _cmd_ed(args) -> int:
     cached = " (from cache)" if summary["cached"] else ""
     print(f"  seconds          {summary['seconds']:.3f}{cached}")
     if args.json:
-        print(json.dumps(summary))
+        print(json_line(summary))
     return 0
+
+
+def json_line(data) -> str:
+    """Returns ``data`` as one line of strict JSON: a NaN or infinity (no exact energy, one
+    sample's variance) becomes null, which every JSON reader accepts."""
+    return json.dumps(_finite(data), allow_nan=False)
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _cmd_run(args) -> int:
@@ -84,15 +103,21 @@ def _cmd_run(args) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     config = load(args.config, args.overrides)
-    with distributed.process_group(resolve_device(config.device)):
+    device = resolve_device(config.device)
+    with distributed.process_group(device, config.distributed.timeout):
+        distributed.agree_on_config(config.to_dict())
         summary = run_config(
-            config, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet
+            config,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+            use_cache=not args.no_cache,
         )
         if not distributed.is_root():  # rank 0 speaks for the run
             return 0
     print(_run_text(summary))
     if args.json:
-        print(json.dumps(summary))
+        print(json_line(summary))
     return 0
 
 
@@ -133,9 +158,18 @@ def _cmd_sweep(args) -> int:
     from vitqs.run import resolve_device
     from vitqs.sweep import load_sweep, point_configs, run_sweep
 
-    device = resolve_device(point_configs(load_sweep(args.sweep))[0][1].device)
-    with distributed.process_group(device):
-        outcome = run_sweep(args.sweep, progress=not args.quiet)
+    spec = load_sweep(args.sweep)
+    configs = point_configs(spec)
+    first = configs[0][1]
+    with distributed.process_group(resolve_device(first.device), first.distributed.timeout):
+        distributed.agree_on_config(
+            {
+                **spec,
+                "base_path": str(spec["base_path"]),
+                "points": [config.to_dict() for _, config in configs],
+            }
+        )
+        outcome = run_sweep(args.sweep, progress=not args.quiet, use_cache=not args.no_cache)
         if not distributed.is_root():
             return 0
     rows = outcome["rows"]
@@ -143,7 +177,7 @@ def _cmd_sweep(args) -> int:
     for path in outcome["tables"] + outcome["figures"]:
         print(path)
     if args.json:
-        print(json.dumps({"name": outcome["name"], "points": rows}))
+        print(json_line({"name": outcome["name"], "points": rows}))
     return 0
 
 
@@ -173,7 +207,7 @@ def _bench_speed(args) -> int:
     print(f"{config.name}: {machine()}")
     print(phase_table(result))
     if args.json:
-        print(json.dumps(result))
+        print(json_line(result))
     return 0
 
 
@@ -189,10 +223,12 @@ _COMMANDS = {
 }
 
 
-def _interruption():
-    from vitqs.run import RunInterrupted
+def _failures():
+    """Returns the run's exception classes; imported late (torch loads with them)."""
+    from vitqs.distributed import CollectiveFailed
+    from vitqs.run import RunInterrupted, RunStopped
 
-    return RunInterrupted
+    return RunInterrupted, RunStopped, CollectiveFailed
 
 
 def _check_launch(command: str) -> None:
@@ -213,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and args.command != "bench":  # only a bench script takes options of its own
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    interrupted, stopped, collective_failed = _failures()
     try:
         _check_launch(args.command)
         return _COMMANDS[args.command](args)
@@ -220,16 +257,44 @@ def main(argv: list[str] | None = None) -> int:
         return _failed(args, f"error: {err}", 2)
     except KeyboardInterrupt:
         return _failed(args, "interrupted", 130)
-    except _interruption() as err:
+    except interrupted as err:
         return _failed(args, f"{err}. {_resume_hint(args)}", 128 + err.signal_number)
+    except stopped as err:
+        hint = _resume_hint(args) if err.resumable else ""
+        return _failed(args, f"error: {err}. {hint}".rstrip(), 2)
+    except collective_failed as err:
+        return _failed(args, f"error: {err}. {_resume_hint(args)}", 2)
+    except MemoryError:
+        return _failed(args, f"error: {_OUT_OF_MEMORY}", 2)
+    except RuntimeError as err:
+        if not _out_of_memory(err):
+            raise
+        return _failed(args, f"error: {_OUT_OF_MEMORY}", 2)
+
+
+_OUT_OF_MEMORY = (
+    "out of memory; lower sampler.n_samples, sampler.n_chains, final.n_samples or the model's "
+    "size, or set sampler.chunk_size to bound each forward pass"
+)
+
+
+def _out_of_memory(err: RuntimeError) -> bool:
+    """Returns whether torch's error says an allocation failed (CPU or CUDA)."""
+    import torch
+
+    if isinstance(err, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    text = str(err)
+    return "can't allocate memory" in text or "out of memory" in text
 
 
 def _failed(args, message: str, code: int) -> int:
     """Prints ``message`` on stderr and, under ``--json``, a last stdout line saying the same
     (a script reading that line learns why there is no result); returns the exit code."""
+    message = " ".join(message.split())  # one line, whatever the reason's text held
     print(f"vitqs {args.command}: {message}", file=sys.stderr)
     if getattr(args, "json", False):
-        print(json.dumps({"error": message.removeprefix("error: "), "exit_code": code}))
+        print(json_line({"error": message.removeprefix("error: "), "exit_code": code}))
     return code
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,13 +111,32 @@ def int_list(length=(1, 2), minimum=1):
     return check
 
 
+# bytes of a name: <name>.h5 and its companions (.<name>.h5.<random>.tmp, .<name>.h5.lock,
+# .<name>.h5.pending) must stay under the 255 bytes most file systems allow
+MAX_NAME_BYTES = 200
+
+
+def plain_file_name_problem(value: str) -> str | None:
+    """Returns why ``value`` cannot name a file inside the output folder, or None."""
+    if not value.strip():
+        return "it is blank"
+    if value.startswith(".") or "/" in value or "\\" in value:
+        return "it must not contain '/' or '\\' nor start with '.'"
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in value):
+        return "it must not contain control characters (newlines, NUL, ...)"
+    if len(value.encode("utf-8")) > MAX_NAME_BYTES:
+        return f"it is longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
 def file_name():
     def check(key, value):
         text()(key, value)
-        if value.startswith(".") or "/" in value or "\\" in value:
+        problem = plain_file_name_problem(value)
+        if problem:
             raise ConfigError(
-                f"{key}={value!r} must be a plain file name (no '/', not starting with '.'): "
-                "it names the results file"
+                f"{key}={value[:60]!r} must be a plain file name: {problem} (it names the "
+                "results file)"
             )
         return value
 
@@ -313,6 +333,14 @@ class OutputConfig:
     checkpoint_every: int = option(25, integer(1))
 
 
+@dataclass
+class DistributedConfig:
+    # seconds a rank waits for the others in one collective (a step's sums, rank 0's ED and
+    # file writes) before the run stops: a rank that died or hangs ends the job, instead of
+    # the others waiting torch's default 30 minutes. Raise it for steps or EDs that take longer
+    timeout: float = option(600.0, real(positive=True))
+
+
 _HAMILTONIANS = {"heisenberg": HeisenbergConfig, "bose_hubbard": BoseHubbardConfig}
 
 
@@ -331,6 +359,7 @@ class Config:
     exact: ExactConfig = field(default_factory=ExactConfig)
     final: FinalConfig = field(default_factory=FinalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     @property
     def n_sites(self) -> int:
@@ -352,6 +381,7 @@ _SECTIONS = {
     "exact": ExactConfig,
     "final": FinalConfig,
     "output": OutputConfig,
+    "distributed": DistributedConfig,
 }
 
 
@@ -599,6 +629,79 @@ def _check_schedules(cfg: OptimizerConfig) -> None:
 # ---- files and overrides ------------------------------------------------------------------
 
 
+# A config is a few dozen values; aliases that expand past this many are a mistake or an
+# attack ("billion laughs": nine aliases of nine make 10^9 values out of a 1 kB file).
+MAX_YAML_NODES = 100_000
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data only) that also refuses a key given twice in one
+    mapping: a second ``optimizer:`` section would silently replace the first."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' merges, then overrides
+            continue
+        key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+        try:
+            if key in seen:
+                raise ConfigError(
+                    f"key '{key}' appears twice in one mapping (lines {seen[key]} and {line}); "
+                    "keep one"
+                )
+            seen[key] = line
+        except TypeError:  # an unhashable key: the constructor below says so
+            continue
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+
+
+def _expanded_size(node, sizes: dict, open_nodes: set) -> int:
+    """Returns the number of values ``node`` stands for once its aliases are expanded (an
+    alias is the anchored node itself in PyYAML's graph: memoized, this is linear)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        raise ConfigError("a YAML alias refers to a node that contains it; configs are trees")
+    open_nodes.add(key)
+    children = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes, open_nodes)
+        if total > MAX_YAML_NODES:
+            break
+    open_nodes.discard(key)
+    sizes[key] = total
+    return total
+
+
+def parse_yaml(source: str):
+    """Returns the plain data of one YAML document: safe tags only, no key twice in a mapping,
+    at most ``MAX_YAML_NODES`` values once aliases are expanded. Raises ConfigError for the
+    last two and yaml.YAMLError for malformed text."""
+    loader = _StrictLoader(source)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}, set()) > MAX_YAML_NODES:
+            raise ConfigError(
+                f"the YAML expands to more than {MAX_YAML_NODES:,} values through its aliases"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path):
     """Returns the parsed YAML document at ``path``; ConfigError when missing or malformed."""
     path = Path(path)
@@ -609,12 +712,16 @@ def read_yaml(path: str | Path):
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file '{path}' cannot be read: {err}") from None
     try:
-        return yaml.safe_load(source)
+        return parse_yaml(source)
+    except ConfigError as err:
+        raise ConfigError(f"config file '{path}': {err}") from None
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"config file '{path}' is not valid YAML{at}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"config file '{path}' nests deeper than a config can") from None
 
 
 def set_dotted(data: dict, key: str, value) -> None:
@@ -640,7 +747,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r} must look like key.path=value")
         try:
-            value = yaml.safe_load(raw)
+            value = parse_yaml(raw)
+        except ConfigError as err:
+            raise ConfigError(f"--set {item!r}: {err}") from None
         except yaml.YAMLError:
             raise ConfigError(f"--set {item!r}: the value is not valid YAML") from None
         set_dotted(data, key, value)

@@ -13,12 +13,17 @@ GPU a rank drives, parameters that start equal, and the decisions that must be t
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 
 import torch
 import torch.distributed as dist
 
+from vitqs.config import ConfigError
+from vitqs.errors import first_line
 from vitqs.estimators import broadcast_from_root, rank, reduce_max, world_size
+
+DEFAULT_TIMEOUT = 600.0  # seconds; the config key distributed.timeout sets it per run
 
 
 def launched() -> bool:
@@ -26,12 +31,19 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+class CollectiveFailed(RuntimeError):
+    """A collective did not complete: another rank died, or waited longer than the timeout."""
+
+
 @contextlib.contextmanager
-def process_group(device: torch.device):
+def process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT):
     """Joins the process group that ``torchrun``'s environment describes, for the block.
 
-    NCCL when the ranks drive CUDA devices, gloo otherwise. Outside ``torchrun`` (or with one
-    rank, or a group already set up by the caller) it does nothing.
+    NCCL when the ranks drive CUDA devices, gloo otherwise. A collective that waits longer
+    than ``timeout`` seconds for the other ranks (one died, or hangs) fails, and so does one
+    whose peer's connection closed: both raise `CollectiveFailed` out of the block instead of
+    leaving the live ranks waiting (torch's default is 30 minutes). Outside ``torchrun`` (or
+    with one rank, or a group already set up by the caller) it does nothing.
     """
     if not launched() or dist.is_initialized():
         yield
@@ -39,11 +51,73 @@ def process_group(device: torch.device):
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(local_device(device))
-    dist.init_process_group(backend)  # env:// rendezvous: MASTER_ADDR, RANK, WORLD_SIZE
+    # env:// rendezvous: MASTER_ADDR, RANK, WORLD_SIZE
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    failed = False
     try:
         yield
+    except dist.DistError as err:
+        failed = True
+        raise CollectiveFailed(
+            f"rank {rank()}: a collective with the other ranks failed ({first_line(err, 200)}); "
+            f"another "
+            f"rank stopped, or none answered within distributed.timeout={timeout:g} s"
+        ) from None
     finally:
-        dist.destroy_process_group()
+        if not failed:  # a group whose peer is gone cannot be torn down collectively
+            dist.destroy_process_group()
+
+
+def on_root(decide):
+    """Returns ``decide()`` computed on rank 0 alone and shared with every rank.
+
+    For decisions about the file system (does the results file exist, can its folder be
+    written, is a sweep's point finished): on a cluster each node may see the shared disk a
+    moment apart, and ranks that decided differently would part ways and hang in the next
+    collective. A ConfigError raised by ``decide`` on rank 0 is raised on every rank.
+    """
+    if world_size() == 1:
+        return decide()
+    outcome = [None, None]
+    if is_root():
+        try:
+            outcome[0] = decide()
+        except ConfigError as err:
+            outcome[1] = str(err)
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[1] is not None:
+        raise ConfigError(outcome[1])
+    return outcome[0]
+
+
+def agree_on_config(data: dict) -> None:
+    """Raises ConfigError on every rank unless every rank holds the same config ``data``.
+
+    Ranks read their config files on their own; one that read another learning rate would
+    split the parameters silently, another ``checkpoint_every`` would hang the collectives.
+    """
+    if world_size() == 1:
+        return
+    every = [None] * world_size()
+    dist.all_gather_object(every, data)
+    differ = [r for r, other in enumerate(every) if other != every[0]]
+    if not differ:
+        return
+    keys = sorted(_differing_keys(every[0], every[differ[0]]))
+    shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    raise ConfigError(
+        f"under torchrun every rank must read the same config, but rank {differ[0]}'s differs "
+        f"from rank 0's ({shown or 'the files differ'}); give every rank the same files"
+    )
+
+
+def _differing_keys(first, second, prefix: str = "") -> list[str]:
+    if not (isinstance(first, dict) and isinstance(second, dict)):
+        return [prefix.rstrip(".") or "config"] if first != second else []
+    keys = []
+    for key in sorted(set(first) | set(second), key=str):
+        keys += _differing_keys(first.get(key), second.get(key), f"{prefix}{key}.")
+    return keys
 
 
 def is_root() -> bool:

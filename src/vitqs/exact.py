@@ -4,6 +4,13 @@ The ground state comes from Lanczos (``scipy.sparse.linalg.eigsh``) on the spars
 the sector, or from a dense ``eigh`` when the sector is tiny. The sector dimension is computed
 before anything is built, and a sector above ``max_dim`` is refused. Results are cached on
 disk, keyed by every parameter of the Hamiltonian, so a repeated query is instant.
+
+A cache entry is trusted only as far as it checks out: its format version, the Hamiltonian's
+description, the sector's dimension and the vector's length must be this Hamiltonian's, and
+the stored vector must be an eigenvector of the stored energy (its local energies
+``(Hv)(x)/v(x)`` at a few of its largest sampled components equal the energy, as they do for
+an exact eigenstate). An entry that disagrees in anything, or does not load, is solved again
+and replaced; entries are written atomically under a fresh name.
 """
 
 from __future__ import annotations
@@ -11,16 +18,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse.linalg as sla
+import torch
 
 DEFAULT_MAX_DIM = 5_000_000
 _DENSE_BELOW = 400  # eigh beats Lanczos (and eigsh needs k < dim) on tiny sectors
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: entries carry their format, description and checked vector
+# The eigenvector check: this many random states, of which the largest components are tested
+_CHECK_STATES, _CHECK_LARGEST = 256, 16
+# |E_loc(x) − E| allowed at those components, relative to max(1, |E|): Lanczos at tol 1e-12
+# leaves ~1e-11 there (chains of 16, Bose-Hubbard L = 12), a changed digit shows far above
+_CHECK_TOLERANCE = 1e-8
 
 
 class SectorTooLargeError(ValueError):
@@ -110,8 +125,10 @@ def ground_state(
     dim = check_dimension(hamiltonian, max_dim)
     path = Path(cache_dir or default_cache_dir()) / f"{cache_key(hamiltonian)}.npz"
     if use_cache:
-        hit = _read_cache(path, return_vector)
+        hit = _read_cache(path, hamiltonian, dim)
         if hit is not None:
+            if not return_vector:
+                hit.vector = None
             return hit
     start = time.perf_counter()
     energy, vector = _lowest_eigenpair(hamiltonian.to_sparse())
@@ -135,32 +152,73 @@ def _lowest_eigenpair(matrix) -> tuple[float, np.ndarray]:
     return float(values[0]), vectors[:, 0]
 
 
-def _read_cache(path: Path, need_vector: bool) -> GroundState | None:
+def _read_cache(path: Path, hamiltonian, dim: int) -> GroundState | None:
+    """Returns the cached ground state at ``path`` if it is this Hamiltonian's and checks
+    out (see the module docstring), else None: the caller solves again and replaces it."""
     try:
-        with np.load(path) as data:
-            if need_vector and "vector" not in data:
-                return None
-            vector = data["vector"] if need_vector else None
-            return GroundState(
-                float(data["energy"]), int(data["dimension"]), float(data["seconds"]), vector, True
-            )
-    except (OSError, KeyError, ValueError):
-        return None  # absent or unreadable: solve again
+        with np.load(path, allow_pickle=False) as data:
+            entry = {key: data[key] for key in data.files}
+        fmt, description = int(entry["format"]), str(entry["description"])
+        energy, vector = float(entry["energy"]), np.asarray(entry["vector"])
+        if (
+            fmt != _CACHE_FORMAT
+            or description != _description(hamiltonian)
+            or int(entry["dimension"]) != dim
+            or vector.shape != (dim,)
+            or not np.isfinite(energy)
+            or not np.isfinite(vector).all()
+            or not is_eigenvector(hamiltonian, vector, energy)
+        ):
+            return None
+        return GroundState(energy, dim, float(entry["seconds"]), vector, True)
+    except (OSError, EOFError, KeyError, ValueError, TypeError, zipfile.BadZipFile):
+        return None  # absent, truncated, or not an entry of ours: solve again
+
+
+def _description(hamiltonian) -> str:
+    return json.dumps(hamiltonian.describe(), sort_keys=True)
+
+
+def is_eigenvector(hamiltonian, vector: np.ndarray, energy: float) -> bool:
+    """Returns whether ``vector`` (``all_states()`` order) is an eigenvector of
+    ``hamiltonian`` with eigenvalue ``energy``, tested where it is largest among a few
+    hundred random states: there ``E_loc(x) = (Hv)(x)/v(x)`` must equal ``energy``. Costs a
+    few hundred rows of H, not the sparse matrix."""
+    hilbert = hamiltonian.hilbert
+    generator = torch.Generator().manual_seed(0)
+    states = hilbert.random_states(min(_CHECK_STATES, len(vector)), generator)  # (S, N)
+    index = hilbert.state_index(states)
+    largest = np.argsort(-np.abs(vector[index]))[:_CHECK_LARGEST]
+    states, index = states[largest], index[largest]
+    if not np.all(np.abs(vector[index]) > 0):
+        return False
+    x_conn, mels = hamiltonian.get_conn_padded(states.to(torch.float64))  # (S, K, N), (S, K)
+    conn_index = hilbert.state_index(x_conn.reshape(-1, hilbert.n_sites)).reshape(mels.shape)
+    h_vector = (mels.numpy() * vector[conn_index]).sum(axis=1)
+    local_energy = h_vector / vector[index]
+    return bool(np.all(np.abs(local_energy - energy) <= _CHECK_TOLERANCE * max(1.0, abs(energy))))
 
 
 def _write_cache(path: Path, result: GroundState, hamiltonian) -> None:
-    # write to a temporary file, then rename: a crash never leaves a half-written entry
+    """Writes the entry under a fresh name, then renames it: a crash never leaves half an
+    entry, and a name planted in the cache folder (a link to elsewhere) is never written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez(
-        tmp,
-        energy=result.energy,
-        dimension=result.dimension,
-        seconds=result.seconds,
-        vector=result.vector,
-        description=json.dumps(hamiltonian.describe(), sort_keys=True),
-    )
-    os.replace(tmp, path)
+    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.npz", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            np.savez(
+                stream,
+                format=_CACHE_FORMAT,
+                energy=result.energy,
+                dimension=result.dimension,
+                seconds=result.seconds,
+                vector=result.vector,
+                description=_description(hamiltonian),
+            )
+        os.replace(name, path)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
 
 
 def expectation(matrix, vector: np.ndarray) -> float:

@@ -1,12 +1,17 @@
 """The results file of one run: an HDF5 file written whole and atomically, and read back.
 
 A run keeps a ``RunRecord`` in memory and calls ``write_results`` at every checkpoint, on
-SIGINT/SIGTERM and at the end. Each write builds the complete file as ``<path>.tmp`` in the
-same folder and moves it over ``<path>`` with ``os.replace``, so a crash or SIGKILL at any
-moment leaves either the previous complete file or the new one, and a reader can open the
-file while the run goes on.
+SIGINT/SIGTERM and at the end. Each write builds the complete file under a fresh temporary
+name in the same folder and moves it over ``<path>`` with ``os.replace``, so a crash or
+SIGKILL at any moment leaves either the previous complete file or the new one, and a reader
+can open the file while the run goes on.
 
-Layout (format_version 1)::
+A results file holds data only. Reading one executes nothing from it: no pickle (the
+checkpoint is an HDF5 tree of tensors and numbers, `vitqs.h5tree`), no links to other files or
+objects, no dataset larger than `h5tree.MAX_LEAF_BYTES`; a file that is not what it claims is
+refused with a one-line `ResultsError` naming it.
+
+Layout (format_version 2)::
 
     /                     attrs: format="vitqs-results", format_version, name, status,
                                  created, updated, seed, config_yaml, versions_json,
@@ -15,7 +20,15 @@ Layout (format_version 1)::
     /exact                attrs EXACT_FIELDS                       (only with an exact reference)
     /final                attrs FINAL_FIELDS                       (only once the run finished)
     /final/observables/<name>   one dataset per observable, real or complex, plus <name>_error
-    /checkpoint/state     uint8 bytes of torch.save(checkpoint_dict); attr step = len(history)
+    /checkpoint           attr step: the state after that many history rows
+    /checkpoint/state     the checkpoint dict as an `h5tree` (model parameters, optimizer
+                          state, chains, generator states, seconds)
+
+The history may run past the checkpoint's step: a run stopped by a failure keeps the rows of
+the steps after its last good checkpoint, for diagnosis; a resume starts from the checkpoint
+and drops them. Format 1 (before 2026-11) stored the checkpoint as the bytes of
+``torch.save``; those load with ``torch.load(weights_only=True)``, which unpickles tensors and
+plain containers only.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import json
 import math
 import os
 import platform
+import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,10 +49,11 @@ import h5py
 import numpy as np
 import torch
 
-from vitqs import __version__
+from vitqs import __version__, h5tree
+from vitqs.errors import first_line
 
 FORMAT = "vitqs-results"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the checkpoint is an h5tree; 1: torch.save bytes (read, not written)
 
 STATUSES = ("running", "interrupted", "finished")
 
@@ -122,7 +137,8 @@ class RunRecord:
     values are written as NaN). ``exact`` and ``final`` are dicts with keys from
     ``EXACT_FIELDS`` and ``FINAL_FIELDS`` or None. ``observables`` maps a name to an array or
     scalar and is written under ``final`` (so it needs ``final``). ``checkpoint`` holds the
-    bytes of ``checkpoint_bytes(...)``; ``checkpoint_step`` must equal ``len(history)``.
+    checkpoint dict (`set_checkpoint`), the state after ``checkpoint_step`` steps; the history
+    may hold more rows than that (the steps of a failed run after its last good checkpoint).
     """
 
     name: str
@@ -139,7 +155,7 @@ class RunRecord:
     exact: dict[str, float] | None = None
     final: dict[str, float] | None = None
     observables: dict[str, Any] = field(default_factory=dict)
-    checkpoint: bytes | None = None
+    checkpoint: dict | None = None
     checkpoint_step: int | None = None
 
     def append_history(self, row: dict[str, float]) -> None:
@@ -148,8 +164,9 @@ class RunRecord:
         self.history.append(dict(row))
 
     def set_checkpoint(self, checkpoint_dict: dict) -> None:
-        """Stores ``checkpoint_dict`` serialised, as the state after ``len(history)`` steps."""
-        self.checkpoint = checkpoint_bytes(checkpoint_dict)
+        """Stores a copy of ``checkpoint_dict`` (tensors on CPU) as the state after
+        ``len(history)`` steps; raises ResultsError for a value an h5tree cannot hold."""
+        self.checkpoint = _detached(checkpoint_dict)
         self.checkpoint_step = len(self.history)
 
     def history_arrays(self) -> dict[str, np.ndarray]:
@@ -198,25 +215,28 @@ def results_path(output_dir: str | Path, name: str) -> Path:
 # ---- checkpoints -----------------------------------------------------------------------------
 
 
-def checkpoint_bytes(checkpoint_dict: dict) -> bytes:
-    """Returns the bytes of ``torch.save(checkpoint_dict)``."""
-    buffer = io.BytesIO()
-    torch.save(checkpoint_dict, buffer)
-    return buffer.getvalue()
+def _detached(value):
+    """Returns a copy of a checkpoint tree with its tensors cloned to the CPU: the record keeps
+    the state of the moment, whatever the run does to its tensors next."""
+    if isinstance(value, dict):
+        return {key: _detached(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached(item) for item in value)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if value is None or isinstance(value, (bool, int, float, str, np.number, np.bool_)):
+        return value
+    raise ResultsError(f"a checkpoint cannot hold values of type {type(value).__name__}")
 
 
 def load_checkpoint(record: RunRecord) -> dict:
     """Returns the checkpoint dict stored in ``record`` (tensors on CPU).
 
-    Raises ResultsError when the record has no checkpoint or its bytes do not load.
+    Raises ResultsError when the record has no checkpoint.
     """
     if record.checkpoint is None:
         raise ResultsError(f"run {record.name!r} has no checkpoint to resume from")
-    try:
-        # weights_only=False: the dict holds RNG states and optimizer state that we wrote
-        return torch.load(io.BytesIO(record.checkpoint), map_location="cpu", weights_only=False)
-    except Exception as err:  # torch raises pickle, runtime and zip errors alike
-        raise ResultsError(f"run {record.name!r}: checkpoint does not load ({err})") from err
+    return record.checkpoint
 
 
 # ---- writing ---------------------------------------------------------------------------------
@@ -249,12 +269,19 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 @contextlib.contextmanager
 def _replacing(path: str | Path):
-    """Yields ``<path>.tmp`` to write; then syncs it and moves it over ``path``. On any error
-    the tmp file is removed and ``path`` keeps its previous content."""
+    """Yields a new temporary file beside ``path`` to write; then syncs it and moves it over
+    ``path``. On any error the temporary file is removed and ``path`` keeps its content.
+
+    The temporary name is fresh and created exclusively (``mkstemp``): a fixed name could be a
+    symbolic link planted to make the write land on another file, or be another writer's.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    tmp = Path(name)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a results file is for sharing
         yield tmp
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())  # the data must be on disk before the rename makes it visible
@@ -262,6 +289,12 @@ def _replacing(path: str | Path):
     except BaseException:  # also KeyboardInterrupt: never leave a half file behind
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _check_record(record: RunRecord) -> None:
@@ -283,10 +316,10 @@ def _check_record(record: RunRecord) -> None:
     bad_names = [name for name in record.observables if not name or "/" in name]
     if bad_names:  # a slash would make HDF5 create nested groups instead of one dataset
         raise ResultsError(f"observable names {bad_names} must be non-empty and without '/'")
-    if record.checkpoint is not None and record.checkpoint_step != len(record.history):
+    if record.checkpoint is not None and not 0 <= record.checkpoint_step <= len(record.history):
         raise ResultsError(
             f"checkpoint is for step {record.checkpoint_step} but history has "
-            f"{len(record.history)} rows; they must match"
+            f"{len(record.history)} rows; it must be one of them"
         )
 
 
@@ -338,7 +371,10 @@ def _write_final(group: h5py.Group, record: RunRecord) -> None:
 
 
 def _write_checkpoint(group: h5py.Group, record: RunRecord) -> None:
-    group.create_dataset("state", data=np.frombuffer(record.checkpoint, dtype=np.uint8))
+    try:
+        h5tree.write_tree(group, "state", record.checkpoint)
+    except h5tree.TreeError as err:
+        raise ResultsError(f"checkpoint: {err}") from None
     group.attrs["step"] = int(record.checkpoint_step)
 
 
@@ -350,7 +386,9 @@ def read_results(path: str | Path) -> RunRecord:
 
     Raises ResultsError, with a one-line message naming the file, when the file is missing,
     is not HDF5 or is truncated, is not a vitqs results file, has a newer format_version than
-    this vitqs reads, or has history columns of unequal length.
+    this vitqs reads, or holds anything else than the layout above: attributes of the wrong
+    type, links, datasets too large to read, history columns of unequal length, a checkpoint
+    that is not plain data.
     """
     path = Path(path)
     if not path.is_file():
@@ -360,42 +398,50 @@ def read_results(path: str | Path) -> RunRecord:
             return _read_file(f, path)
     except ResultsError:
         raise
-    except (OSError, KeyError, ValueError, TypeError) as err:
+    except h5tree.TreeError as err:
+        raise ResultsError(f"{path}: the checkpoint is not plain data ({err})") from None
+    except (OSError, KeyError, ValueError, TypeError, AttributeError, RuntimeError) as err:
         # h5py reports truncated and non-HDF5 files as OSError, damaged objects as KeyError
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ResultsError(f"{path}: not a readable HDF5 results file ({reason})") from err
+        raise ResultsError(
+            f"{path}: not a readable HDF5 results file ({first_line(err)})"
+        ) from None
 
 
 def _read_file(f: h5py.File, path: Path) -> RunRecord:
-    _check_format(f, path)
-    attrs = f.attrs
+    version = _check_format(f, path)
+    attrs = _Attrs(f, path)
     record = RunRecord(
-        name=str(attrs["name"]),
-        status=str(attrs["status"]),
-        seed=int(attrs["seed"]),
-        config_yaml=str(attrs["config_yaml"]),
-        n_sites=int(attrs["n_sites"]),
-        n_params=int(attrs["n_params"]),
-        created=str(attrs["created"]),
-        updated=str(attrs["updated"]),
-        versions=json.loads(attrs["versions_json"]),
-        conventions=str(attrs["conventions"]),
-        history=_read_history(f["history"], path),
+        name=attrs.text("name"),
+        status=attrs.text("status"),
+        seed=attrs.integer("seed"),
+        config_yaml=attrs.text("config_yaml"),
+        n_sites=attrs.integer("n_sites"),
+        n_params=attrs.integer("n_params"),
+        created=attrs.text("created"),
+        updated=attrs.text("updated"),
+        versions=_versions(attrs.text("versions_json"), path),
+        conventions=attrs.text("conventions"),
+        history=_read_history(_group(f, "history", path), path),
     )
+    if record.status not in STATUSES:
+        raise ResultsError(f"{path}: status {record.status!r} is not one of {list(STATUSES)}")
     if "exact" in f:
-        record.exact = _read_attrs(f["exact"], EXACT_FIELDS)
+        record.exact = _Attrs(_group(f, "exact", path), path).fields(EXACT_FIELDS)
     if "final" in f:
-        record.final = _read_attrs(f["final"], FINAL_FIELDS)
-        record.observables = {k: v[()] for k, v in f["final/observables"].items()}
+        final = _group(f, "final", path)
+        record.final = _Attrs(final, path).fields(FINAL_FIELDS)
+        record.observables = _read_observables(final, path)
     if "checkpoint" in f:
-        _read_checkpoint(f["checkpoint"], record, path)
+        _read_checkpoint(_group(f, "checkpoint", path), record, path, version)
     return record
 
 
-def _check_format(f: h5py.File, path: Path) -> None:
-    if f.attrs.get("format") != FORMAT:
+def _check_format(f: h5py.File, path: Path) -> int:
+    if _decoded(f.attrs.get("format")) != FORMAT:
         raise ResultsError(f"{path} is not a vitqs results file (no format={FORMAT!r} attr)")
-    version = int(f.attrs.get("format_version", -1))
+    version = f.attrs.get("format_version")
+    if not isinstance(version, (int, np.integer)) or isinstance(version, (bool, np.bool_)):
+        raise ResultsError(f"{path} has an invalid format_version {version!r}")
     if version > FORMAT_VERSION:
         raise ResultsError(
             f"{path} has format_version {version}, newer than the {FORMAT_VERSION} this vitqs "
@@ -403,6 +449,87 @@ def _check_format(f: h5py.File, path: Path) -> None:
         )
     if version < 1:
         raise ResultsError(f"{path} has an invalid format_version {version}")
+    return int(version)
+
+
+def _decoded(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _group(parent: h5py.Group, name: str, path: Path) -> h5py.Group:
+    """Returns the group ``name`` of ``parent``, refusing a link to elsewhere or a dataset."""
+    link = parent.get(name, getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        raise ResultsError(f"{path}: '{name}' is a {type(link).__name__}, not a plain group")
+    group = parent[name]
+    if not isinstance(group, h5py.Group):
+        raise ResultsError(f"{path}: '{name}' must be a group")
+    return group
+
+
+def _dataset(group: h5py.Group, name: str, path: Path, *, kinds="iuf") -> np.ndarray:
+    """Returns the numbers of the dataset ``name`` of ``group``: a plain link, of a numeric
+    dtype among ``kinds``, no larger than h5tree.MAX_LEAF_BYTES."""
+    where = f"{path}: '{group.name}/{name}'"
+    if not isinstance(group.get(name, getlink=True), h5py.HardLink):
+        raise ResultsError(f"{where} is a link, not a plain dataset")
+    dataset = group[name]
+    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in kinds:
+        raise ResultsError(f"{where} must be a dataset of numbers")
+    size = int(np.prod(dataset.shape, dtype=np.float64)) * dataset.dtype.itemsize
+    if size > h5tree.MAX_LEAF_BYTES:
+        raise ResultsError(f"{where} holds {size:,} bytes, more than vitqs reads")
+    return dataset[()]
+
+
+class _Attrs:
+    """Typed reads of an HDF5 object's attributes: a value of another type than the layout
+    says is a ResultsError naming the file and the attribute, not a crash further on."""
+
+    def __init__(self, obj, path: Path):
+        self.attrs, self.where = obj.attrs, f"{path}: attribute '{obj.name.rstrip('/')}/"
+
+    def _get(self, key):
+        if key not in self.attrs:
+            raise ResultsError(f"{self.where}{key}' is missing")
+        return self.attrs[key]
+
+    def text(self, key) -> str:
+        value = _decoded(self._get(key))
+        if not isinstance(value, str):
+            raise ResultsError(f"{self.where}{key}' must be a string, not {value!r:.40}")
+        return value
+
+    def integer(self, key) -> int:
+        value = self._get(key)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+            raise ResultsError(f"{self.where}{key}' must be an integer, not {value!r:.40}")
+        return int(value)
+
+    def number(self, key) -> float:
+        value = self._get(key)
+        ok = isinstance(value, (int, float, np.integer, np.floating))
+        if not ok or isinstance(value, (bool, np.bool_)):
+            raise ResultsError(f"{self.where}{key}' must be a number, not {value!r:.40}")
+        return float(value)
+
+    def fields(self, names: tuple[str, ...]) -> dict:
+        """Returns the attributes among ``names`` that are present, integers as int."""
+        read = {}
+        for key in names:
+            if key in self.attrs:
+                read[key] = self.integer(key) if key in _INT_ATTRS else self.number(key)
+        return read
+
+
+def _versions(text: str, path: Path) -> dict[str, str]:
+    try:
+        versions = json.loads(text)
+    except ValueError:
+        raise ResultsError(f"{path}: attribute 'versions_json' is not JSON") from None
+    if not isinstance(versions, dict):
+        raise ResultsError(f"{path}: attribute 'versions_json' must be a JSON object")
+    return {str(key): str(value) for key, value in versions.items()}
 
 
 def _read_history(group: h5py.Group, path: Path) -> list[dict[str, float]]:
@@ -411,30 +538,52 @@ def _read_history(group: h5py.Group, path: Path) -> list[dict[str, float]]:
     ]
     if missing:
         raise ResultsError(f"{path}: history lacks columns {missing}")
-    n_rows = len(group["step"])
-    columns = {
-        name: group[name][()] if name in group else np.full(n_rows, math.nan)
-        for name in HISTORY_FIELDS
-    }
+    columns = {name: _dataset(group, name, path) for name in HISTORY_FIELDS if name in group}
+    if any(column.ndim != 1 for column in columns.values()):
+        raise ResultsError(f"{path}: history columns must be 1-D")
+    n_rows = len(columns["step"])
+    for name in HISTORY_FIELDS:
+        columns.setdefault(name, np.full(n_rows, math.nan))
     lengths = {name: len(column) for name, column in columns.items()}
     if len(set(lengths.values())) > 1:
         raise ResultsError(f"{path}: history columns have unequal lengths {lengths}")
-    n_steps = lengths["step"]
-    return [{name: columns[name][i].item() for name in HISTORY_FIELDS} for i in range(n_steps)]
+    return [{name: columns[name][i].item() for name in HISTORY_FIELDS} for i in range(n_rows)]
 
 
-def _read_attrs(group: h5py.Group, fields: tuple[str, ...]) -> dict[str, float]:
-    return {key: group.attrs[key].item() for key in fields if key in group.attrs}
+def _read_observables(final: h5py.Group, path: Path) -> dict[str, np.ndarray]:
+    if "observables" not in final:
+        return {}
+    group = _group(final, "observables", path)
+    return {name: _dataset(group, name, path, kinds="iufcb") for name in group}
 
 
-def _read_checkpoint(group: h5py.Group, record: RunRecord, path: Path) -> None:
-    record.checkpoint = group["state"][()].tobytes()
-    record.checkpoint_step = int(group.attrs["step"])
-    if record.checkpoint_step != len(record.history):
+def _read_checkpoint(group: h5py.Group, record: RunRecord, path: Path, version: int) -> None:
+    step = _Attrs(group, path).integer("step")
+    if not 0 <= step <= len(record.history):
         raise ResultsError(
-            f"{path}: checkpoint step {record.checkpoint_step} does not match "
-            f"{len(record.history)} history rows"
+            f"{path}: checkpoint step {step} does not match {len(record.history)} history rows"
         )
+    if version == 1:
+        state = _legacy_checkpoint(_dataset(group, "state", path, kinds="u"), path)
+    else:
+        if not isinstance(group.get("state", getlink=True), h5py.HardLink):
+            raise ResultsError(f"{path}: 'checkpoint/state' is a link, not plain data")
+        state = h5tree.read_tree(group["state"])
+    if not isinstance(state, dict):
+        raise ResultsError(f"{path}: the checkpoint must be a mapping")
+    record.checkpoint, record.checkpoint_step = state, step
+
+
+def _legacy_checkpoint(payload: np.ndarray, path: Path) -> dict:
+    """Returns the checkpoint of a format-1 file, the bytes of ``torch.save``. Unpickled with
+    ``weights_only=True``: tensors, numbers and plain containers, never a callable (torch
+    before 2.6 let a crafted file through that door, CVE-2025-32434: vitqs needs 2.6)."""
+    try:
+        return torch.load(io.BytesIO(payload.tobytes()), map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises unpickling, runtime and zip errors alike
+        raise ResultsError(
+            f"{path}: the checkpoint does not load as plain data ({first_line(err)})"
+        ) from None
 
 
 # ---- tables ----------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ import torch
 import yaml
 
 from vitqs import distributed, exact, observables, results
-from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict
+from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict, parse_yaml
+from vitqs.errors import first_line
 from vitqs.estimators import statistics
 from vitqs.lattice import Lattice
 from vitqs.models import build_model, final_symmetrized, invariances, load_network_state
@@ -43,6 +44,12 @@ from vitqs.vmc import (
 # Keys a resumed run may change: they do not alter the trajectory already recorded.
 _RESUMABLE_CHANGES = (
     "optimizer.n_iter",
+    # the steps still to come: how a run stopped by a NaN goes on another way
+    "optimizer.lr",
+    "optimizer.lr_final",
+    "optimizer.diag_shift",
+    "optimizer.diag_shift_final",
+    "distributed.timeout",
     "output.checkpoint_every",
     "final.n_samples",
     "device",
@@ -73,6 +80,24 @@ class RunInterrupted(RuntimeError):
 
     def __init__(self, message: str, signal_number: int):
         super().__init__(message)
+        self.signal_number = signal_number
+
+
+class RunStopped(RuntimeError):
+    """The run cannot continue (a non-finite energy after every retry, frozen chains, a
+    failed write, a lost rank): the results file says ``interrupted`` and keeps its last good
+    checkpoint. ``resumable`` says whether there is a checkpoint to resume from."""
+
+    def __init__(self, message: str, resumable: bool):
+        super().__init__(message)
+        self.resumable = resumable
+
+
+class _Signalled(BaseException):
+    """A signal during the final measurement, which has no step boundary to wait for."""
+
+    def __init__(self, signal_number: int):
+        super().__init__(signal_number)
         self.signal_number = signal_number
 
 
@@ -232,12 +257,16 @@ class Run:
     sampler: object
     vmc: VMC
     record: results.RunRecord
-    path: Path
+    path: Path  # the file the run writes: target, or its pending replacement
     seconds_before: float = 0.0  # wall time of earlier invocations (resume)
     anneal: Anneal = field(init=False)  # the hamiltonian each step optimises
+    target: Path | None = None  # <output.dir>/<name>.h5, where the finished run lands
+    use_cache: bool = True  # the ED cache
+    saved_step: int | None = None  # the checkpoint step the file on disk holds
 
     def __post_init__(self):
         self.anneal = Anneal(self.config, self.hamiltonian)
+        self.saved_step = self.record.checkpoint_step if self.record.checkpoint else None
 
 
 class Anneal:
@@ -287,25 +316,29 @@ def run_config(
     overwrite: bool = False,
     progress: bool = True,
     initial_parameters: dict | None = None,
+    use_cache: bool = True,
 ) -> dict:
     """Optimizes the config's model, writes ``<output.dir>/<name>.h5`` and returns the summary.
 
     Args:
         config: a validated config.
         resume: continue from the checkpoint in the existing results file.
-        overwrite: replace an existing results file (only when it is written, atomically).
+        overwrite: replace an existing results file, once the new run has finished (until
+            then it runs in ``.<name>.h5.pending`` beside it, which ``resume`` continues).
         progress: show a tqdm bar on stderr.
         initial_parameters: a model ``state_dict`` to start from (warm start in sweeps).
+        use_cache: read and write the ED cache (``--no-cache``: solve again).
 
     Raises:
         ConfigError: bad combinations, an existing file without overwrite/resume, a resume
             whose config changed in a way that matters.
         RunInterrupted: SIGINT / SIGTERM; the checkpoint was written first.
+        RunStopped: the run could not continue; the file keeps its last good checkpoint.
     """
     if config.threads:
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
-    _check_output_dir(config.output.dir)
+    distributed.on_root(lambda: _check_output_dir(config.output.dir))
     with contextlib.ExitStack() as claim:  # holds the results file's lock until the end
         run = _prepare(
             config,
@@ -313,50 +346,86 @@ def run_config(
             overwrite=overwrite,
             initial_parameters=initial_parameters,
             claim=claim,
+            use_cache=use_cache,
         )
         distributed.share_parameters(run.model)  # every rank starts from rank 0's parameters
         with _signals_to_flag() as stop:
             _optimize(run, stop, progress and distributed.is_root(), start)
         # every iteration is done: checkpoint, so an interrupted final measurement resumes here
         _checkpoint(run, run.seconds_before + time.perf_counter() - start)
-        try:
-            finished = _finish(run, start)
-        except KeyboardInterrupt:
-            _interrupted(run, signal.SIGINT)
+        finished = _finish(run, start)
     distributed.barrier()  # rank 0 has written the file that every rank may read next
     return finished
 
 
-def _prepare(config, *, resume, overwrite, initial_parameters, claim) -> Run:
-    path = results.results_path(config.output.dir, config.name)
-    if path.exists() and not (resume or overwrite):
+def _prepare(config, *, resume, overwrite, initial_parameters, claim, use_cache) -> Run:
+    target = results.results_path(config.output.dir, config.name)
+    vmc = build_vmc(config)  # a config refused here has touched no file
+    hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
+    _check_exact_fits(config, hamiltonian)
+    # the lock comes before any look at the file and before ED: no second run can start on
+    # this name between our look and our first write
+    claim.enter_context(_sole_writer(target))
+    path = distributed.on_root(lambda: _working_path(target, resume=resume, overwrite=overwrite))
+    if resume:
+        run = _restore(config, path, hamiltonian, model, sampler, vmc, use_cache)
+    else:
+        if initial_parameters is not None:
+            try:
+                model.load_state_dict(initial_parameters)
+            except RuntimeError as err:  # a warm start across points whose models differ
+                reason = str(err).splitlines()[0]
+                raise ConfigError(
+                    f"warm_start: the previous point's parameters do not fit this model.* "
+                    f"({reason})"
+                ) from None
+        elif config.model.init_from is not None:
+            start_from_results(config, model, sampler)
+        record = _new_record(config, hamiltonian, model, use_cache)
+        run = Run(config, hamiltonian, model, sampler, vmc, record, path)
+        _write(run, first=True)  # claims the name; replaced atomically from now on
+    run.target, run.use_cache = target, use_cache
+    return run
+
+
+def _pending_path(target: Path) -> Path:
+    """Returns where an ``--overwrite`` run writes until it finishes: the finished run it
+    replaces stays in ``target`` meanwhile, so an interrupted replacement loses nothing."""
+    return target.with_name(f".{target.name}.pending")
+
+
+def _working_path(target: Path, *, resume: bool, overwrite: bool) -> Path:
+    """Returns the file this run writes, or raises ConfigError (rank 0 decides)."""
+    pending = _pending_path(target)
+    if resume:
+        if pending.exists():  # an --overwrite run that was interrupted
+            return pending
+        if not target.exists():
+            raise ConfigError(f"--resume: there is no results file '{target}' to resume")
+        return target
+    if overwrite:
+        pending.unlink(missing_ok=True)  # an earlier replacement, abandoned: start anew
+        return pending if target.exists() else target
+    if target.exists():
         raise ConfigError(
-            f"results file '{path}' exists; "
+            f"results file '{target}' exists; "
             "pass --resume to continue it or --overwrite to replace it"
         )
-    if resume and not path.exists():
-        raise ConfigError(f"--resume: there is no results file '{path}' to resume")
-    distributed.barrier()  # every rank has looked before rank 0 claims the name
-    vmc = build_vmc(config)
-    hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
-    if resume:
-        claim.enter_context(_sole_writer(path))
-        return _restore(config, path, hamiltonian, model, sampler, vmc)
-    if initial_parameters is not None:
+    if pending.exists():
+        raise ConfigError(
+            f"an --overwrite run of '{target}' was interrupted ('{pending}'); pass --resume to "
+            "continue it or --overwrite to start the replacement again"
+        )
+    return target
+
+
+def _check_exact_fits(config: Config, hamiltonian) -> None:
+    """Refuses ``exact.enabled: true`` above ``exact.max_dim`` before any file is made."""
+    if config.exact.enabled is True:
         try:
-            model.load_state_dict(initial_parameters)
-        except RuntimeError as err:  # a warm start across points whose models differ in shape
-            reason = str(err).splitlines()[0]
-            raise ConfigError(
-                f"warm_start: the previous point's parameters do not fit this model.* ({reason})"
-            ) from None
-    elif config.model.init_from is not None:
-        start_from_results(config, model, sampler)
-    record = _new_record(config, hamiltonian, model)
-    # a refused config has written nothing up to here: the folder is made now
-    claim.enter_context(_sole_writer(path))
-    _write(path, record)  # claims the name; replaced atomically from now on
-    return Run(config, hamiltonian, model, sampler, vmc, record, path)
+            exact.check_dimension(hamiltonian, config.exact.max_dim)
+        except exact.SectorTooLargeError as err:
+            raise ConfigError(str(err)) from None
 
 
 def _check_output_dir(output_dir) -> None:
@@ -384,7 +453,11 @@ def _sole_writer(path: Path):
         return
     lock = path.with_name(f".{path.name}.lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as handle:
+    try:  # O_NOFOLLOW: a symbolic link planted under the lock's name is refused, not followed
+        descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        raise ConfigError(f"cannot create the lock file '{lock}': {err.strerror}") from None
+    with os.fdopen(descriptor, "w") as handle:
         if not _lock(handle, lock):
             raise ConfigError(
                 f"'{path}' is being written by another vitqs process; "
@@ -412,9 +485,29 @@ def _lock(handle, lock: Path) -> bool:
         return False
 
 
-def _write(path: Path, record: results.RunRecord) -> None:
-    if distributed.is_root():  # one file for all ranks
-        results.write_results(path, record)
+def _write(run: Run, *, first: bool = False) -> None:
+    """Writes the run's record (rank 0: one file for all ranks). A write that fails (a full
+    disk, a quota, an I/O error) stops the run: the file keeps what it held before."""
+    if not distributed.is_root():
+        return
+    try:
+        results.write_results(run.path, run.record)
+    except OSError as err:
+        if first:
+            raise ConfigError(f"cannot write '{run.path}': {_os_reason(err)}") from None
+        kept = "its last checkpoint" if run.saved_step is not None else "no checkpoint yet"
+        at = f" (step {run.saved_step})" if run.saved_step is not None else ""
+        raise RunStopped(
+            f"stopped after step {len(run.record.history)}: writing '{run.path}' failed "
+            f"({_os_reason(err)}); the file keeps {kept}{at}",
+            resumable=run.saved_step is not None,
+        ) from None
+    if run.record.checkpoint is not None:
+        run.saved_step = run.record.checkpoint_step
+
+
+def _os_reason(err: OSError) -> str:
+    return err.strerror or first_line(err)
 
 
 def start_from_results(config: Config, model, sampler) -> None:
@@ -427,25 +520,27 @@ def start_from_results(config: Config, model, sampler) -> None:
         raise ConfigError(f"{where}: {err}") from None
     if record.checkpoint is None:
         raise ConfigError(f"{where}: the run holds no checkpoint yet; name a run that has one")
-    state = results.load_checkpoint(record)
+    state = _checked_state(record.checkpoint, where)
     try:
         load_network_state(model, state["model"])
-    except RuntimeError as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    except (RuntimeError, TypeError, ValueError, KeyError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or ["?"]
         reason = _model_differences(record, config) or lines[-1]
         raise ConfigError(
             f"{where}: its parameters do not fit this model ({reason}); model.* must be "
             "that run's, except symmetrize and spin_flip"
         ) from None
     chains = state["sampler"].get("chains")
-    if chains is not None and not isinstance(sampler, ExactSampler):
+    if isinstance(chains, torch.Tensor) and not isinstance(sampler, ExactSampler):
         with contextlib.suppress(ValueError):  # another sector: random chains, as usual
             sampler.start_chains(chains)  # checks the chains against the sector itself
 
 
 def _model_differences(record: results.RunRecord, config: Config) -> str:
     """Returns the model keys whose values differ between ``record``'s run and ``config``."""
-    earlier = (yaml.safe_load(record.config_yaml) or {}).get("model", {})
+    earlier = (_stored_config(record) or {}).get("model", {})
+    if not isinstance(earlier, dict):
+        return ""
     now = dataclasses.asdict(config.model)
     differ = [
         f"model.{key}={now[key]} here, {earlier[key]} there"
@@ -455,7 +550,66 @@ def _model_differences(record: results.RunRecord, config: Config) -> str:
     return "; ".join(differ)
 
 
-def _new_record(config: Config, hamiltonian, model) -> results.RunRecord:
+# The checkpoint's top level, and what each entry must be: a results file is data that
+# anyone may have written, so its shape is checked before any of it is used.
+_CHECKPOINT_ENTRIES = {
+    "model": dict,
+    "vmc": dict,
+    "sampler": dict,
+    "torch_rng": torch.Tensor,
+    "seconds": float,
+}
+
+
+def _checked_state(state: dict, where: str) -> dict:
+    """Returns the checkpoint dict ``state`` when its entries have the types a checkpoint
+    of ours has; ConfigError naming ``where`` otherwise."""
+    for key, kind in _CHECKPOINT_ENTRIES.items():
+        value = state.get(key)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            continue
+        if not isinstance(value, kind):
+            raise ConfigError(
+                f"{where}: the checkpoint's '{key}' is {type(value).__name__}, not "
+                f"{kind.__name__}; the file is not a vitqs checkpoint"
+            )
+    if not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
+        raise ConfigError(f"{where}: the checkpoint's model parameters are not all tensors")
+    return state
+
+
+def checkpoint_parameters(record: results.RunRecord) -> dict:
+    """Returns the model parameters of ``record``'s checkpoint (a sweep's warm start)."""
+    return _checked_state(results.load_checkpoint(record), f"'{record.name}'")["model"]
+
+
+def _load_state(state: dict, where: str, run_parts) -> float:
+    """Loads a checkpoint into (model, vmc, sampler) and torch's generator; returns its
+    seconds. Whatever does not fit is a ConfigError naming ``where``, not a traceback."""
+    model, vmc, sampler = run_parts
+    state = _checked_state(state, where)
+    try:
+        model.load_state_dict(state["model"])
+        vmc.load_state_dict(state["vmc"])
+        sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["torch_rng"])
+    except (RuntimeError, TypeError, ValueError, KeyError, IndexError) as err:
+        raise ConfigError(
+            f"{where}: the checkpoint does not fit this run ({first_line(err)})"
+        ) from None
+    return float(state["seconds"])
+
+
+def _stored_config(record: results.RunRecord) -> dict | None:
+    """Returns the config a results file says it ran, parsed like a config file."""
+    try:
+        data = parse_yaml(record.config_yaml)
+    except (ConfigError, yaml.YAMLError, RecursionError):
+        raise ConfigError(f"run {record.name!r}: its stored config is not valid YAML") from None
+    return data if isinstance(data, dict) else None
+
+
+def _new_record(config: Config, hamiltonian, model, use_cache: bool) -> results.RunRecord:
     record = results.RunRecord(
         name=config.name,
         seed=config.seed,
@@ -463,15 +617,16 @@ def _new_record(config: Config, hamiltonian, model) -> results.RunRecord:
         n_sites=hamiltonian.n_sites,
         n_params=sum(p.numel() for p in model.parameters()),
     )
-    record.exact = _exact_reference(config, hamiltonian)
+    record.exact = _exact_reference(config, hamiltonian, use_cache)
     return record
 
 
-def _exact_reference(config: Config, hamiltonian) -> dict | None:
+def _exact_reference(config: Config, hamiltonian, use_cache: bool = True) -> dict | None:
     """Returns the record's ``exact`` group (None when ``exact.*`` rules ED out); raises
     ConfigError when ``exact.enabled: true`` and the sector is above ``exact.max_dim``."""
     # rank 0 alone writes the record: the others need not diagonalize
-    reference = exact_ground_state(config, hamiltonian) if distributed.is_root() else None
+    root = distributed.is_root()
+    reference = exact_ground_state(config, hamiltonian, use_cache=use_cache) if root else None
     if reference is None:
         return None
     return {
@@ -482,21 +637,24 @@ def _exact_reference(config: Config, hamiltonian) -> dict | None:
     }
 
 
-def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
+def _restore(config, path, hamiltonian, model, sampler, vmc, use_cache) -> Run:
     try:
         record = results.read_results(path)
     except results.ResultsError as err:
         raise ConfigError(f"--resume: {err}") from None
-    earlier, current = yaml.safe_load(record.config_yaml) or {}, config.to_dict()
+    earlier, current = _stored_config(record) or {}, config.to_dict()
     changed = _changed_keys(earlier, current)
     if changed:
         raise ConfigError(
             f"--resume: the config changed since '{path}' was written ({', '.join(changed)}); "
             "start a new run (another name, or --overwrite)"
         )
-    if record.status == "finished" and len(record.history) >= config.optimizer.n_iter:
+    measured_anew = any(earlier.get(key) != current[key] for key in ("final", "exact"))
+    done = len(record.history) >= config.optimizer.n_iter
+    if record.status == "finished" and done and not measured_anew:
         raise ConfigError(
-            f"--resume: '{path}' is already finished; raise optimizer.n_iter to go on"
+            f"--resume: '{path}' is already finished; raise optimizer.n_iter to go on, or "
+            "change final.* to measure it again"
         )
     if record.checkpoint is None:
         raise ConfigError(
@@ -504,16 +662,13 @@ def _restore(config, path, hamiltonian, model, sampler, vmc) -> Run:
         )
     if earlier.get("exact") != current["exact"]:
         # exact.* may change on a resume: settle the reference (or refuse) before any step
-        record.exact = _exact_reference(config, hamiltonian)
-    state = results.load_checkpoint(record)
-    model.load_state_dict(state["model"])
-    vmc.load_state_dict(state["vmc"])
-    sampler.load_state_dict(state["sampler"])
-    torch.set_rng_state(state["torch_rng"])
+        record.exact = _exact_reference(config, hamiltonian, use_cache)
+    seconds = _load_state(record.checkpoint, f"--resume: '{path}'", (model, vmc, sampler))
+    # steps after the checkpoint (a run stopped by a failure) are done again
     record.history = record.history[: record.checkpoint_step]
     record.status, record.final = "running", None
     record.observables, record.config_yaml = {}, config_yaml(config)
-    return Run(config, hamiltonian, model, sampler, vmc, record, path, state["seconds"])
+    return Run(config, hamiltonian, model, sampler, vmc, record, path, seconds)
 
 
 def _flatten(data, prefix=""):
@@ -525,16 +680,18 @@ def _flatten(data, prefix=""):
     return flat
 
 
-def config_changes(record: results.RunRecord, config: Config) -> list[str]:
+def config_changes(
+    record: results.RunRecord, config: Config, *, ignoring=_RESUMABLE_CHANGES
+) -> list[str]:
     """Returns the dotted keys whose values differ between ``record``'s run and ``config``,
-    leaving out those a resume may change (``_RESUMABLE_CHANGES``)."""
-    return _changed_keys(yaml.safe_load(record.config_yaml) or {}, config.to_dict())
+    leaving out those in ``ignoring`` (default: those a resume may change)."""
+    return _changed_keys(_stored_config(record) or {}, config.to_dict(), ignoring)
 
 
-def _changed_keys(old: dict, new: dict) -> list[str]:
+def _changed_keys(old: dict, new: dict, ignoring=_RESUMABLE_CHANGES) -> list[str]:
     old, new = _flatten(old), _flatten(new)
     keys = sorted(set(old) | set(new))
-    return [k for k in keys if old.get(k) != new.get(k) and k not in _RESUMABLE_CHANGES]
+    return [k for k in keys if old.get(k) != new.get(k) and k not in ignoring]
 
 
 def _checkpoint(run: Run, seconds: float) -> None:
@@ -551,7 +708,7 @@ def _checkpoint(run: Run, seconds: float) -> None:
             "seconds": seconds,
         }
     )
-    results.write_results(run.path, run.record)
+    _write(run)
 
 
 def _history_row(result, exact_energy, anneal_fraction: float) -> dict:
@@ -603,7 +760,7 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
             record.append_history(_history_row(result, exact_energy, run.anneal.fraction))
             frozen_steps = frozen_steps + 1 if result.acceptance == 0 else 0
             if frozen_limit is not None and frozen_steps >= frozen_limit:
-                _frozen(run, frozen_steps, run.seconds_before + time.perf_counter() - start)
+                _frozen(run, frozen_steps)
             text = _progress_text(result, exact_energy, run.anneal.fraction)
             bar.set_postfix_str(text, refresh=False)
             bar.update(1)
@@ -619,11 +776,28 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
                 break  # the budget is spent: measure the state reached so far
             _follow_budget(run, step, spent)
     except NonFiniteEnergyError as err:
-        record.status = "interrupted"
-        _write(run.path, record)
-        raise ConfigError(f"{err} The last checkpoint is in '{run.path}'.") from None
+        _stop(run, str(err))
+    except torch.distributed.DistError as err:
+        _stop(run, f"a collective with the other ranks failed ({first_line(err, 200)})")
+    except KeyboardInterrupt:  # a second Ctrl-C: stop inside the step
+        _interrupted(run, signal.SIGINT)
     finally:
         bar.close()
+
+
+def _stop(run: Run, cause: str):
+    """The one way out of a run that cannot continue: the file says ``interrupted`` and keeps
+    the last good checkpoint (the history keeps the steps after it, for diagnosis); raises
+    RunStopped with a line naming the step and the cause."""
+    run.record.status = "interrupted"
+    _write(run)
+    step = len(run.record.history)
+    if run.saved_step is None:
+        kept = f"'{run.path}' holds no checkpoint yet, so start again with --overwrite"
+    else:
+        kept = f"'{run.path}' keeps the checkpoint of step {run.saved_step}"
+    message = f"stopped after step {step}: {cause.rstrip('.')}; {kept}"
+    raise RunStopped(message, resumable=run.saved_step is not None)
 
 
 def _frozen_limit(run: Run) -> int | None:
@@ -634,19 +808,17 @@ def _frozen_limit(run: Run) -> int | None:
     return run.config.sampler.max_frozen_steps
 
 
-def _frozen(run: Run, n_steps: int, seconds: float):
+def _frozen(run: Run, n_steps: int):
     """Stops a run whose chains have not moved for ``n_steps`` steps: its estimates are of
     one configuration per chain, and SR cannot move a state whose samples are all alike."""
-    run.record.status = "interrupted"
-    _checkpoint(run, seconds)  # writes the file with its status
     step = len(run.record.history)
-    raise ConfigError(
+    _stop(
+        run,
         f"the sampler accepted no move for {n_steps} steps in a row (steps "
         f"{step - n_steps + 1}-{step}, sampler.max_frozen_steps={n_steps}): every chain is "
         f"frozen, so the state has collapsed onto a few configurations and the energy and "
-        f"gradient no longer mean anything. Stopped with a checkpoint in '{run.path}'. Start "
-        f"again (--overwrite) with a larger optimizer.diag_shift or a smaller optimizer.lr, or "
-        f"set sampler.max_frozen_steps: null to let it run on"
+        f"gradient no longer mean anything (go on with a larger optimizer.diag_shift or a "
+        f"smaller optimizer.lr, or sampler.max_frozen_steps: null to let it run on)",
     )
 
 
@@ -678,11 +850,14 @@ def _progress_text(result, exact_energy, anneal_fraction: float) -> str:
 
 def _interrupted(run: Run, signal_number: int):
     run.record.status = "interrupted"
-    _write(run.path, run.record)
+    _write(run)
     name = signal.Signals(signal_number).name
+    replacing = ""
+    if run.target is not None and run.path != run.target:
+        replacing = f"; '{run.target}' keeps the run it replaces until this one finishes"
     raise RunInterrupted(
-        f"{name} received: stopped after step {len(run.record.history)} and wrote a checkpoint "
-        f"to '{run.path}'",
+        f"{name} received: stopped after step {len(run.record.history)}; '{run.path}' keeps "
+        f"the checkpoint of step {run.saved_step}{replacing}",
         signal_number,
     )
 
@@ -711,7 +886,51 @@ def _signals_to_flag():
 # ---- the end of a run ---------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _signals_raise():
+    """Makes SIGINT/SIGTERM raise at once (main thread only): the final measurement has no
+    step boundary to wait for, and a scheduler's SIGTERM must leave a resumable file."""
+
+    def handler(signum, frame):
+        raise _Signalled(signum)
+
+    previous = {}
+    with contextlib.suppress(ValueError):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _finish(run: Run, start: float) -> dict:
+    """Measures the final state and writes the finished file; a signal meanwhile leaves it
+    ``interrupted`` with the checkpoint taken after the last step, which resumes here."""
+    with _signals_raise():
+        try:
+            _measure_final(run, start)
+            if not math.isfinite(run.record.final["energy"]):
+                run.record.final, run.record.observables = None, {}
+                _stop(run, "the final measurement gave a non-finite energy")
+            run.record.status = "finished"
+            _checkpoint(run, run.record.final["seconds"])  # keeps the final parameters too
+            _land(run)
+        except _Signalled as signalled:
+            run.record.final, run.record.observables = None, {}
+            _interrupted(run, signalled.signal_number)
+    return summary(run.record, run.target)
+
+
+def _land(run: Run) -> None:
+    """Moves a finished replacement (``--overwrite``) over the run it replaces."""
+    if distributed.is_root() and run.path != run.target:
+        os.replace(run.path, run.target)
+        run.path = run.target
+
+
+def _measure_final(run: Run, start: float) -> None:
     config, record = run.config, run.record
     averaged = run.vmc.averaged_parameters()
     if averaged is not None:  # the final state is the mean of the late iterates
@@ -743,9 +962,6 @@ def _finish(run: Run, start: float) -> dict:
         "seconds_per_iter": pystats.median(iter_seconds) if iter_seconds else math.nan,
     }
     record.observables = _observables(run, model, samples, sampler)
-    record.status = "finished"
-    _checkpoint(run, seconds)  # keeps the final parameters, and lets n_iter be raised later
-    return summary(record, run.path)
 
 
 def _observables(run: Run, model, samples, sampler) -> dict:

@@ -38,6 +38,7 @@ whole sector belongs to one process.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -194,7 +195,10 @@ class MetropolisSampler:
             self._chains = None
         if self._pending_state is not None:
             if self._pending_state["generator"] is not None:  # None: chains given, no RNG state
-                self._generator.set_state(self._pending_state["generator"])
+                # a state of another device's generator (a CUDA run resumed on the CPU) does
+                # not fit this one: the chains go on from the seed, as on another rank count
+                with contextlib.suppress(RuntimeError):
+                    self._generator.set_state(self._pending_state["generator"])
             self._chains = self._pending_state["chains"]
             self._pending_state = None
         if self._chains is None:
@@ -265,6 +269,9 @@ class MetropolisSampler:
                 f"sampler state holds chains of shape {tuple(chains.shape)}; this sampler has "
                 f"sampler.n_chains={self.n_chains_total} on {self.n_sites} sites"
             )
+        outside = int((~torch.as_tensor(self.hilbert.contains(chains))).sum())
+        if outside:  # chains outside the sector would sample another space without a word
+            raise ValueError(f"sampler state: {outside} chains are not states of this sector")
         generators = state.get("generators")
         if generators is None and self.n_ranks == 1:
             generator = state.get("generator")
@@ -274,6 +281,8 @@ class MetropolisSampler:
             generator = torch.as_tensor(generators[self.rank], dtype=torch.uint8).clone()
         else:
             generator = None
+        if generator is not None and (generator.dtype != torch.uint8 or generator.ndim != 1):
+            raise ValueError("sampler state: the generator state is not a byte vector")
         self._pending_state = {"chains": self._own(chains), "generator": generator}
         if self._generator is not None:
             self._initialise(self._generator.device, self._chains.dtype)

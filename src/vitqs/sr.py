@@ -277,15 +277,24 @@ def clip_local_energy(e_loc: torch.Tensor, width: float, weights=None) -> torch.
 def solve_shifted(A: torch.Tensor, b: torch.Tensor, diag_shift: float) -> torch.Tensor:
     """Returns ``(A + λI)⁻¹ b`` for symmetric positive semi-definite ``A``, in float64.
 
-    Only the upper triangle of ``A`` is read (what BLAS ``syrk`` fills).
+    Only the upper triangle of ``A`` is read (what BLAS ``syrk`` fills). A system with a
+    non-finite entry, or one ``eigh`` cannot diagonalize, has a NaN solution: the VMC loop's
+    guard then retries the step, where a raised LinAlgError would end the run.
     """
     shifted = A.to(torch.float64, copy=True)
     b = b.to(torch.float64)
+    # a NaN or inf in a log-derivative reaches its diagonal entry Σ|O_k|² (and the lower
+    # triangle need not be set): the diagonal and b tell, without a P×P mask
+    if not bool(torch.isfinite(shifted.diagonal()).all() and torch.isfinite(b).all()):
+        return torch.full_like(b, math.nan)
     shifted.diagonal().add_(diag_shift)
     factor, info = torch.linalg.cholesky_ex(shifted, upper=True)
     if int(info) == 0:
         return torch.cholesky_solve(b[:, None], factor, upper=True)[:, 0]
-    evals, evecs = torch.linalg.eigh(shifted, UPLO="U")
+    try:
+        evals, evecs = torch.linalg.eigh(shifted, UPLO="U")
+    except torch.linalg.LinAlgError:  # eigh did not converge
+        return torch.full_like(b, math.nan)
     cutoff = evals.abs().max() * shifted.shape[0] * torch.finfo(torch.float64).eps
     inverse = torch.where(evals.abs() > cutoff, 1 / evals, torch.zeros_like(evals))
     return evecs @ (inverse * (evecs.T @ b))

@@ -20,11 +20,30 @@ from pathlib import Path
 
 import numpy as np
 
-from vitqs import results
-from vitqs.config import ConfigError, from_dict, read_yaml, set_dotted
+from vitqs import distributed, results
+from vitqs.config import (
+    ConfigError,
+    from_dict,
+    parse_yaml,
+    plain_file_name_problem,
+    read_yaml,
+    set_dotted,
+)
 from vitqs.distributed import is_root
 from vitqs.plots import markdown_table, plot_sweep
-from vitqs.run import config_changes, run_config
+from vitqs.run import checkpoint_parameters, config_changes, run_config
+
+# Keys that say where and how a point runs, not what it computes: a finished point is read
+# back whatever they are now.
+_WHERE_IT_RUNS = (
+    "device",
+    "threads",
+    "name",
+    "output.dir",
+    "output.checkpoint_every",
+    "distributed.timeout",
+    "sampler.max_frozen_steps",
+)
 
 _SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
 
@@ -61,10 +80,17 @@ def load_sweep(path: str | Path) -> dict:
     if not isinstance(warm, bool):
         raise ConfigError(f"warm_start={warm!r} must be true or false")
     base = (path.parent / str(spec["base"])).resolve()
+    name = spec.get("name", path.stem)
+    problem = "it must be a string" if not isinstance(name, str) else plain_file_name_problem(name)
+    if problem:
+        raise ConfigError(
+            f"name={name!r:.60} must be a plain folder name: {problem} (the sweep's points are "
+            "written to <output.dir>/<name>/)"
+        )
     return {
         "base": read_yaml(base),
         "base_path": base,
-        "name": spec.get("name") or path.stem,
+        "name": name,
         "grid": grid,
         "set": overrides,
         "warm_start": warm,
@@ -85,6 +111,12 @@ def point_configs(spec: dict) -> list:
     """Returns the validated config of every point (all checked before anything runs)."""
     configs = []
     for point in grid_points(spec["grid"]):
+        problem = plain_file_name_problem(_point_name(point))
+        if problem:
+            raise ConfigError(
+                f"sweep point {_point_name(point)[:60]!r}: the grid's values name the point's "
+                f"results file, and {problem}"
+            )
         data = copy.deepcopy(spec["base"])
         for key, value in {**spec.get("set", {}), **point}.items():
             set_dotted(data, key, value)
@@ -95,13 +127,15 @@ def point_configs(spec: dict) -> list:
     return configs
 
 
-def run_sweep(path: str | Path, *, progress: bool = True) -> dict:
-    """Runs (or resumes) a sweep; returns rows, table paths and figure paths."""
+def run_sweep(path: str | Path, *, progress: bool = True, use_cache: bool = True) -> dict:
+    """Runs (or resumes) a sweep; returns rows, table paths and figure paths. ``use_cache``:
+    read and write the ED cache."""
     spec = load_sweep(path)
     configs = point_configs(spec)
     rows, previous = [], None
     for point, config in configs:
-        record = _run_point(config, previous if spec["warm_start"] else None, progress)
+        warm = previous if spec["warm_start"] else None
+        record = _run_point(config, warm, progress, use_cache)
         rows.append(_row(point, record))
         previous = _final_parameters(record)
     out_dir = Path(configs[0][1].output.dir)
@@ -113,33 +147,79 @@ def run_sweep(path: str | Path, *, progress: bool = True) -> dict:
     return {"name": spec["name"], "rows": rows, "tables": tables, "figures": figures}
 
 
-def _run_point(config, warm_parameters, progress):
+def _run_point(config, warm_parameters, progress, use_cache):
     path = results.results_path(config.output.dir, config.name)
-    if path.exists():
-        try:
-            record = results.read_results(path)
-        except results.ResultsError:
-            record = None
-        changed = config_changes(record, config) if record is not None else []
-        if changed:
-            # a finished point would be read back as if it were this config's
-            raise ConfigError(
-                f"'{path}' holds a run of another config ({', '.join(changed)}); "
-                "give the sweep another name or output.dir, or delete the file to run it again"
-            )
-        if record is not None and record.status == "finished":
-            return record
-        if record is not None and record.checkpoint is not None:
-            run_config(config, resume=True, progress=progress)
-            return results.read_results(path)
-    run_config(config, overwrite=True, progress=progress, initial_parameters=warm_parameters)
+    action = distributed.on_root(lambda: _point_action(path, config))
+    if action == "resume":
+        run_config(config, resume=True, progress=progress, use_cache=use_cache)
+    elif action == "run":
+        run_config(
+            config,
+            overwrite=True,
+            progress=progress,
+            initial_parameters=warm_parameters,
+            use_cache=use_cache,
+        )
     return results.read_results(path)
+
+
+def _point_action(path, config) -> str:
+    """Returns what to do with a point: ``reuse`` its finished file, ``resume`` it, or
+    ``run`` it; raises ConfigError where its file cannot be this config's result."""
+    if not path.exists():
+        return "run"
+    try:
+        record = results.read_results(path)
+    except results.ResultsError as err:  # never overwrite what cannot be read: it may be
+        raise ConfigError(  # a newer vitqs's file, or the disk failed for a moment
+            f"{err}; the sweep does not overwrite it: move it away or delete it to run the "
+            "point again"
+        ) from None
+    changed = config_changes(record, config)
+    if changed:  # a finished point would be read back as if it were this config's
+        raise ConfigError(
+            f"'{path}' holds a run of another config ({', '.join(changed)}); "
+            "give the sweep another name or output.dir, or delete the file to run it again"
+        )
+    if record.status != "finished":
+        return "resume" if record.checkpoint is not None else "run"
+    differ = config_changes(record, config, ignoring=_WHERE_IT_RUNS)
+    action = _settle_finished(record, config, differ)
+    if action is None:
+        raise ConfigError(
+            f"'{path}' is this point finished with other {', '.join(differ)}; put them back, "
+            "or delete the file to run the point again"
+        )
+    return action
+
+
+def _settle_finished(record, config, differ: list[str]) -> str | None:
+    """Returns ``reuse`` for a finished point whose differences change nothing it computed,
+    ``resume`` for ones a resume settles (more steps or budget: it goes on; another final
+    measurement or exact reference: it measures anew), None for the others."""
+    stored = parse_yaml(record.config_yaml)  # read back by config_changes already
+    earlier = stored.get("optimizer") if isinstance(stored, dict) else None
+    earlier = earlier if isinstance(earlier, dict) else {}
+    reached_n_iter = len(record.history) >= config.optimizer.n_iter
+    action = "reuse"
+    for key in differ:
+        name = key.removeprefix("optimizer.")
+        before = earlier.get(name)
+        now = getattr(config.optimizer, name, None)
+        more = now is None or (isinstance(before, (int, float)) and now > before)
+        if name == "max_seconds" and more and reached_n_iter:
+            continue  # the budget did not end the run, and would not end it now
+        if key.startswith(("final.", "exact.")) or (name in ("n_iter", "max_seconds") and more):
+            action = "resume"
+            continue
+        return None
+    return action
 
 
 def _final_parameters(record) -> dict | None:
     if record.checkpoint is None:
         return None
-    return results.load_checkpoint(record)["model"]
+    return checkpoint_parameters(record)
 
 
 def _row(point: dict, record) -> dict:

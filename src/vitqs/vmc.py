@@ -4,8 +4,9 @@ Each step: sample ``|ψ|²`` → local energies → statistics → log-derivativ
 solve (or Adam) → ``θ ← θ − η g``. Loggers, checkpoints and progress bars live outside and
 consume the yielded `StepResult`s.
 
-NaN guard: a step whose energy is not finite undoes the previous update (the parameters
-return to where the energy was last finite), one whose update is not finite is not applied;
+NaN guard: a step whose samples' log ψ or energy is not finite undoes the previous update
+(the parameters return to where the energy was last finite); one whose update, or the
+parameters it would give, is not finite (a singular or NaN S solves to NaN) is not applied;
 the step is then retried with the diagonal shift ×10 per failure (Adam: the learning rate
 ÷10). After ``max_retries`` consecutive failures the run stops with `NonFiniteEnergyError`.
 """
@@ -238,6 +239,9 @@ class VMC:
         start = time.perf_counter()
         samples = self.sampler.sample(self.model)
         timings["sampling"] = _lap(start)
+        if not bool(torch.isfinite(samples.log_psi).all()):
+            self._undo_last_update()
+            return None
         start = time.perf_counter()
         e_loc = sample_local_energy(
             self.hamiltonian,
@@ -259,9 +263,14 @@ class VMC:
             if adam_before is not None:
                 self.adam.load_state_dict(adam_before)
             return None  # nothing applied
+        step, capped = self._within_trust_bound(lr * update)
+        if not bool(torch.isfinite(theta - step).all()):  # a finite step that overflows θ
+            self._recent_norms.pop()
+            if adam_before is not None:
+                self.adam.load_state_dict(adam_before)
+            return None
         self._last_good = (theta, adam_before)
         self._add_to_average(theta)  # θ whose energy was just measured finite
-        step, capped = self._within_trust_bound(lr * update)
         set_parameter_vector(self.model, theta - step)
         self._last_energy = stats.mean.real
         return StepResult(
@@ -364,6 +373,9 @@ class VMC:
         }
 
     def load_state_dict(self, state: dict):
+        """Restores `state_dict`'s values; ValueError when they are not of its shapes (a
+        checkpoint read from a file is data anyone may have written)."""
+        _check_state(state, parameter_vector(self.model).shape)
         self.step_count = int(state["step"])
         if state.get("adam") is not None and self.adam is not None:
             self.adam.load_state_dict(state["adam"])
@@ -371,6 +383,47 @@ class VMC:
         self._last_good = state.get("last_good")
         self._average = state.get("average")
         self._recent_norms = list(state.get("recent_norms") or [])
+
+
+def _check_state(state: dict, n_params: torch.Size) -> None:
+    """Raises ValueError unless ``state`` has the types and shapes `VMC.state_dict` gives."""
+
+    def vector(value) -> bool:
+        return isinstance(value, torch.Tensor) and value.shape == n_params
+
+    def adam(value) -> bool:
+        keys = {"step", "m", "v", "betas", "eps"}
+        return value is None or (isinstance(value, dict) and keys <= set(value))
+
+    step, last_good, average = state.get("step"), state.get("last_good"), state.get("average")
+    checks = {
+        "step": isinstance(step, int) and step >= 0,
+        "adam": adam(state.get("adam")),
+        "last_energy": state.get("last_energy") is None
+        or isinstance(state.get("last_energy"), float),
+        "last_good": last_good is None
+        or (
+            isinstance(last_good, tuple)
+            and len(last_good) == 2
+            and vector(last_good[0])
+            and adam(last_good[1])
+        ),
+        "average": average is None
+        or (
+            isinstance(average, tuple)
+            and len(average) == 2
+            and vector(average[0])
+            and isinstance(average[1], int)
+        ),
+        # None or absent: a checkpoint from before the trust bound
+        "recent_norms": isinstance(state.get("recent_norms") or [], list)
+        and all(isinstance(v, float) for v in state.get("recent_norms") or []),
+    }
+    wrong = [key for key, ok in checks.items() if not ok]
+    if wrong:
+        raise ValueError(
+            f"optimizer state {wrong} is not what a VMC of {n_params.numel()} parameters keeps"
+        )
 
 
 def optimize(
