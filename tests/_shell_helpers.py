@@ -32,7 +32,7 @@ def tiny_heisenberg(out_dir, **sections) -> dict:
     }
     for section, values in sections.items():
         if isinstance(values, dict):
-            data[section].update(values)
+            data.setdefault(section, {}).update(values)
         else:
             data[section] = values
     return data

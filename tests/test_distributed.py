@@ -281,3 +281,91 @@ def test_the_benchmark_script_times_one_process_against_two_ranks(tmp_path):
     energies = [line for line in done.stdout.splitlines() if "E = " in line]
     assert [line.split(":")[0] for line in energies] == ["1 process", "2 ranks"]
     assert not (tmp_path / "unused").exists()  # the runs' files went to a temporary folder
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ranks_by_hand(*per_rank_argv) -> list[subprocess.Popen]:
+    """Starts one ``python -m vitqs`` per argument list as the ranks of one job, without
+    torchrun (which would stop the others itself when one fails): what the ranks do on
+    their own, with the rendezvous variables torchrun would set."""
+    port = str(_free_port())
+    processes = []
+    for rank, argv in enumerate(per_rank_argv):
+        env = {
+            **os.environ,
+            "PYTHONWARNINGS": "ignore",
+            "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "WORLD_SIZE": str(len(per_rank_argv)),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+        }
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "vitqs", *map(str, argv)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
+    return processes
+
+
+def test_ranks_that_read_different_configs_refuse_at_the_start(tmp_path):
+    config = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    processes = ranks_by_hand(
+        ("run", config, "--quiet"), ("run", config, "--quiet", "--set", "optimizer.lr=0.05")
+    )
+    for process in processes:
+        _, err = process.communicate(timeout=120)
+        assert_one_line_error(process.returncode, err, "optimizer.lr", "rank 1")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_job_within_the_timeout_and_the_run_resumes(tmp_path, capsys):
+    timeout = 20
+    data = tiny_heisenberg(
+        tmp_path / "out",
+        optimizer={"n_iter": 100_000},
+        output={"checkpoint_every": 2},
+        distributed={"timeout": timeout},
+    )
+    config = write_config(tmp_path / "tiny.yaml", data)
+    h5 = tmp_path / "out" / "tiny.h5"
+    processes = ranks_by_hand(("run", config, "--quiet"), ("run", config, "--quiet"))
+    try:
+        deadline = time.monotonic() + 120
+        while not (h5.exists() and results.read_results(h5).checkpoint is not None):
+            assert time.monotonic() < deadline and processes[0].poll() is None
+            time.sleep(0.05)
+        processes[1].kill()  # SIGKILL: rank 1 is gone without a word
+        killed = time.monotonic()
+        _, err = processes[0].communicate(timeout=timeout + 60)
+        waited = time.monotonic() - killed
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert waited < timeout + 15, waited
+    assert_one_line_error(processes[0].returncode, err, "rank 0", "collective", "Resume with:")
+    record = results.read_results(h5)
+    assert record.status == "interrupted" and record.checkpoint is not None
+
+    # one process goes on from the last checkpoint
+    n_iter = record.checkpoint_step + 2
+    code, _, err = run_main(
+        capsys, "run", config, "--resume", "--quiet", "--set", f"optimizer.n_iter={n_iter}"
+    )
+    assert code == 0, err
+    assert len(results.read_results(h5).history) == n_iter

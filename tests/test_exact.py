@@ -1,5 +1,8 @@
 """Exact diagonalization: published values, Majumdar-Ghosh, dense agreement, cache, size guard."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -66,6 +69,82 @@ def test_a_corrupt_cache_entry_is_solved_again(tmp_path):
     entry.write_bytes(b"not a numpy file")
     result = exact.ground_state(ham, cache_dir=tmp_path)
     assert not result.cached and result.energy == pytest.approx(-2.8027756377, abs=1e-9)
+
+
+def _rewrite_entry(entry, **changes):
+    with np.load(entry) as data:
+        values = {key: data[key] for key in data.files}
+    values.update(changes)
+    np.savez(entry, **values)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "energy",  # a wrong energy beside the right vector: served once as "(from cache)"
+        "vector",  # another eigenvector's components
+        "description",  # the entry of another Hamiltonian under this key
+        "dimension",
+        "format",  # an entry of an older vitqs
+        "empty",  # EOFError: crashed every later run of the Hamiltonian
+        "truncated",  # BadZipFile: likewise
+    ],
+)
+def test_a_cache_entry_that_does_not_check_out_is_solved_again_and_replaced(damage, tmp_path):
+    ham = Heisenberg(Lattice((8,)), J2=0.3)
+    truth = exact.ground_state(ham, cache_dir=tmp_path, return_vector=True)
+    (entry,) = tmp_path.glob("*.npz")
+    if damage == "energy":
+        _rewrite_entry(entry, energy=truth.energy + 1e-4)
+    elif damage == "vector":
+        rng = np.random.default_rng(0)
+        _rewrite_entry(entry, vector=rng.normal(size=truth.dimension))
+    elif damage == "description":
+        other = Heisenberg(Lattice((8,)), J2=0.4)
+        _rewrite_entry(entry, description=json.dumps(other.describe(), sort_keys=True))
+    elif damage == "dimension":
+        _rewrite_entry(entry, dimension=truth.dimension + 1)
+    elif damage == "format":
+        _rewrite_entry(entry, format=1)
+    elif damage == "empty":
+        entry.write_bytes(b"")
+    else:
+        entry.write_bytes(entry.read_bytes()[:200])
+    again = exact.ground_state(ham, cache_dir=tmp_path)
+    assert not again.cached and again.energy == pytest.approx(truth.energy, abs=1e-12)
+    replaced = exact.ground_state(ham, cache_dir=tmp_path)  # the bad entry was replaced
+    assert replaced.cached and replaced.energy == again.energy
+    assert sorted(p.name for p in tmp_path.iterdir()) == [entry.name]
+
+
+def test_the_eigenvector_check_accepts_lanczos_and_refuses_a_changed_digit():
+    for ham in (
+        Heisenberg(Lattice((4, 4)), J2=0.5),
+        BoseHubbard(Lattice((9,)), U=10.0, n_particles=9),
+    ):
+        result = exact.ground_state(ham, return_vector=True, use_cache=False)
+        assert exact.is_eigenvector(ham, result.vector, result.energy)
+        assert not exact.is_eigenvector(ham, result.vector, result.energy * (1 + 1e-7))
+
+
+def test_use_cache_false_neither_reads_nor_writes(tmp_path):
+    ham = Heisenberg(Lattice((6,)))
+    result = exact.ground_state(ham, cache_dir=tmp_path, use_cache=False)
+    assert not result.cached and list(tmp_path.iterdir()) == []
+
+
+def test_a_link_planted_in_the_cache_folder_is_not_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ham = Heisenberg(Lattice((6,)))
+    key = exact.cache_key(ham)
+    for name in (f"{key}.{os.getpid()}.tmp.npz", f"{key}.tmp.npz"):  # the old fixed names
+        (cache / name).symlink_to(victim)
+    exact.ground_state(ham, cache_dir=cache)
+    assert victim.read_text() == "precious"
+    assert exact.ground_state(ham, cache_dir=cache).cached
 
 
 def test_sector_over_the_limit_is_refused_before_anything_is_built():

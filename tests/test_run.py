@@ -666,3 +666,68 @@ def test_final_spin_flip_measures_the_projected_average(tmp_path):
     assert summary["energy"] == pytest.approx(_rayleigh_quotient(projected, hamiltonian), rel=1e-10)
     averaged_only = _rayleigh_quotient(Symmetrized(network, translations), hamiltonian)
     assert abs(summary["energy"] - averaged_only) > 1e-8  # the projection changed the state
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_the_finished_file_only_when_the_new_run_finishes(tmp_path, capsys):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    finished = h5.read_bytes()
+    pending = tmp_path / "out" / ".tiny.h5.pending"
+    longer = ("--set", f"optimizer.n_iter={N_ITER}", "--set", "output.checkpoint_every=1")
+    process = vitqs_process("run", path, "--overwrite", *longer, "--quiet")
+    _wait_for_checkpoint(process, pending)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert str(h5) in err and "until this one finishes" in err
+    assert h5.read_bytes() == finished  # the finished run is all there while it is replaced
+    assert results.read_results(pending).status == "interrupted"
+
+    code, _, err = run_main(capsys, "run", path, *longer, "--quiet")  # neither flag: refused
+    assert_one_line_error(code, err, "--resume", "--overwrite")
+    code, out, err = run_main(capsys, "run", path, "--resume", *longer, "--quiet", "--json")
+    assert code == 0, err
+    assert last_json(out)["results_file"] == str(h5)
+    record = results.read_results(h5)
+    assert record.status == "finished" and len(record.history) == N_ITER
+    assert not pending.exists()
+
+
+def test_the_results_file_is_locked_before_ed_runs(tmp_path, capsys, monkeypatch):
+    # the lock once came after ED: a second run could claim the name in between
+    import fcntl
+
+    from vitqs import run as run_module
+
+    solve = run_module.exact.ground_state
+    seen = []
+
+    def spy(*args, **kwargs):
+        lock = tmp_path / "out" / ".tiny.h5.lock"
+        with open(lock, "a") as handle:
+            with pytest.raises(BlockingIOError):  # held by the run, whose ED this is
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        seen.append(lock)
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(run_module.exact, "ground_state", spy)
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    assert seen  # ED ran, under the lock
+
+
+def test_no_cache_solves_ed_without_reading_or_writing_the_cache(tmp_path, capsys):
+    cache = exact_cache_dir()
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet", "--no-cache")[0] == 0
+    assert not cache.exists() or list(cache.iterdir()) == []
+    assert run_main(capsys, "run", path, "--quiet", "--overwrite")[0] == 0
+    assert len(list(cache.glob("*.npz"))) == 1
+
+
+def exact_cache_dir():
+    from vitqs.exact import default_cache_dir
+
+    return default_cache_dir()

@@ -316,3 +316,18 @@ def test_adam_state_roundtrip_continues_identically():
         torch.testing.assert_close(restored.direction(g), adam.direction(g))
     first = Adam().direction(grads[0])  # bias-corrected: first step is sign(g) up to eps
     torch.testing.assert_close(first, grads[0].sign(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("method", ["sr", "minsr"])
+def test_a_non_finite_jacobian_gives_a_nan_update_not_an_exception(bad, method):
+    # the eigh fallback of the solve raised LinAlgError on a NaN S, past the VMC NaN guard
+    gen = torch.Generator().manual_seed(0)
+    jac = torch.randn(16, 6, dtype=torch.complex128, generator=gen)
+    jac[3, 2] = bad
+    e_loc = torch.randn(16, dtype=torch.complex128, generator=gen)
+    update = natural_gradient(jac, e_loc, diag_shift=1e-3, method=method)
+    assert update.shape == (6,) and torch.isnan(update).all()
+    A = torch.eye(4, dtype=torch.float64)
+    A[1, 1] = bad
+    assert torch.isnan(solve_shifted(A, torch.ones(4, dtype=torch.float64), 0.0)).all()

@@ -172,3 +172,82 @@ def test_set_overrides_the_base_at_every_point_and_the_grid_wins(tmp_path):
     assert [config.hamiltonian.U for _, config in configs] == [2.0, 6.0]
     assert all(config.optimizer.n_iter == 7 for _, config in configs)
     assert all(config.final.n_samples == 64 for _, config in configs)
+
+
+@pytest.mark.slow
+def test_a_finished_point_is_read_back_only_while_nothing_it_computed_changed(tmp_path, capsys):
+    path = _write_sweep(tmp_path, sweep={"hamiltonian.U": [2.0]})
+    assert run_main(capsys, "sweep", path, "--quiet")[0] == 0
+    point = tmp_path / "out" / "u_scan" / "U=2.0.h5"
+    energies = [row["energy"] for row in results.read_results(point).history]
+
+    def again(**overrides):
+        spec = yaml.safe_load(path.read_text())
+        spec["set"] = overrides
+        path.write_text(yaml.safe_dump(spec))
+        return run_main(capsys, "sweep", path, "--quiet")
+
+    # where and how it runs: read back untouched, as is a budget that did not end it
+    mtime = point.stat().st_mtime_ns
+    assert again(device="cpu", threads=2, **{"optimizer.max_seconds": 1e4})[0] == 0
+    assert point.stat().st_mtime_ns == mtime
+
+    # another final measurement: measured again, the steps kept
+    assert again(**{"final.n_samples": 256})[0] == 0
+    record = results.read_results(point)
+    assert record.final["n_samples"] == 256
+    assert [row["energy"] for row in record.history] == energies
+
+    # no exact reference any more: the point says so
+    assert again(**{"final.n_samples": 256, "exact.enabled": False})[0] == 0
+    assert results.read_results(point).exact is None
+
+    # more steps: the point goes on from where it finished
+    overrides = {"final.n_samples": 256, "exact.enabled": False, "optimizer.n_iter": 6}
+    assert again(**overrides)[0] == 0
+    record = results.read_results(point)
+    assert [row["step"] for row in record.history] == list(range(6))
+    assert [row["energy"] for row in record.history][:4] == energies
+
+    # fewer steps or a smaller budget than it ran: its result is not this config's
+    before = point.read_bytes()
+    for smaller in ({"optimizer.n_iter": 3}, {"optimizer.max_seconds": 1e-3}):
+        code, _, err = again(**{**overrides, **smaller})
+        assert_one_line_error(code, err, str(point), next(iter(smaller)))
+    assert point.read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", ["garbage", "newer format"])
+def test_a_point_file_that_does_not_read_is_not_overwritten(damage, tmp_path, capsys):
+    path = _write_sweep(tmp_path, sweep={"hamiltonian.U": [2.0]})
+    point = tmp_path / "out" / "u_scan" / "U=2.0.h5"
+    point.parent.mkdir(parents=True)
+    if damage == "garbage":
+        point.write_bytes(b"\x89HDF\r\n\x1a\n half a file")
+    else:
+        import h5py
+
+        with h5py.File(point, "w") as f:
+            f.attrs["format"] = results.FORMAT
+            f.attrs["format_version"] = results.FORMAT_VERSION + 1
+    before = point.read_bytes()
+    code, _, err = run_main(capsys, "sweep", path, "--quiet")
+    assert_one_line_error(code, err, str(point), "does not overwrite")
+    assert point.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "spec, key",
+    [
+        ({"name": "../escaped"}, "name='../escaped'"),
+        ({"name": 7}, "must be a string"),
+        ({"name": "two\nlines"}, "control characters"),
+        ({"sweep": {"output.dir": ["a/b"]}}, "dir=a/b"),
+        ({"sweep": {"hamiltonian.U": [1.0], "name": ["x" * 300]}}, "longer than"),
+    ],
+)
+def test_sweep_and_point_names_stay_inside_the_output_folder(spec, key, tmp_path, capsys):
+    path = _write_sweep(tmp_path, **spec)
+    code, _, err = run_main(capsys, "sweep", path, "--quiet")
+    assert_one_line_error(code, err, key)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "sweep.yaml"]

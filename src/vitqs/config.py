@@ -33,7 +33,12 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def integer(minimum=None, maximum=None):
+# The largest integer a float carries exactly (and JSON readers keep): no count of samples,
+# steps or sites comes near it, so a larger value is a typo, not a wish.
+MAX_INTEGER = 2**53
+
+
+def integer(minimum=None, maximum=MAX_INTEGER):
     def check(key, value):
         if not _is_int(value):
             raise ConfigError(f"{key}={_describe(value)} must be an integer")
@@ -91,7 +96,11 @@ def choice(*options):
 def text():
     def check(key, value):
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{key}={_describe(value)} must be a non-empty string")
+            raise ConfigError(f"{key}={_describe(value)[:80]} must be a non-empty string")
+        if any(unicodedata.category(ch) == "Cc" for ch in value):
+            raise ConfigError(
+                f"{key}={value[:60]!r} must not contain control characters (newlines, NUL, ...)"
+            )
         return value
 
     return check
@@ -459,9 +468,19 @@ def from_dict(data, *, default_name: str | None = None) -> Config:
     return config
 
 
+# Sites a lattice may have: a 256 x 256 square. Far beyond what a ViT's attention or a
+# Metropolis chain can hold; a larger lattice.shape is a typo that would exhaust memory.
+MAX_SITES = 65_536
+
+
 def _check_consistency(config: Config) -> None:
     """Checks that need more than one field (the lattice and the Hamiltonian together...)."""
     n_sites, ham = config.n_sites, config.hamiltonian
+    if n_sites > MAX_SITES:
+        raise ConfigError(
+            f"lattice.shape={config.lattice.shape} has {n_sites:,} sites; vitqs handles at most "
+            f"{MAX_SITES:,}"
+        )
     if isinstance(ham, HeisenbergConfig):
         n_up = n_sites / 2 + ham.total_sz
         if n_up != int(n_up) or not 0 <= n_up <= n_sites:

@@ -35,6 +35,15 @@ class CollectiveFailed(RuntimeError):
     """A collective did not complete: another rank died, or waited longer than the timeout."""
 
 
+def is_collective_failure(err: BaseException) -> bool:
+    """Returns whether ``err`` is a collective that failed: torch's DistError (NCCL, store
+    timeouts), or the plain RuntimeError gloo raises for a closed peer or a timeout."""
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("gloo" in text or "NCCL" in text)
+
+
 @contextlib.contextmanager
 def process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT):
     """Joins the process group that ``torchrun``'s environment describes, for the block.
@@ -56,7 +65,9 @@ def process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT):
     failed = False
     try:
         yield
-    except dist.DistError as err:
+    except RuntimeError as err:
+        if not is_collective_failure(err):
+            raise
         failed = True
         raise CollectiveFailed(
             f"rank {rank()}: a collective with the other ranks failed ({first_line(err, 200)}); "
@@ -65,7 +76,8 @@ def process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT):
         ) from None
     finally:
         if not failed:  # a group whose peer is gone cannot be torn down collectively
-            dist.destroy_process_group()
+            with contextlib.suppress(RuntimeError):
+                dist.destroy_process_group()
 
 
 def on_root(decide):

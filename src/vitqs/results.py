@@ -245,18 +245,29 @@ def load_checkpoint(record: RunRecord) -> dict:
 def write_results(path: str | Path, record: RunRecord) -> Path:
     """Writes ``record`` to ``path`` atomically and returns the path.
 
-    The whole file is written to ``<path>.tmp`` and moved over ``path`` with ``os.replace``;
-    on any error the tmp file is removed and ``path`` keeps its previous content. Sets
-    ``record.updated`` to now. Creates the parent folder. Raises ResultsError for an
-    inconsistent record (unknown status or keys, checkpoint step != history length,
-    observables without final).
+    The whole file is written to a fresh temporary name and moved over ``path`` with
+    ``os.replace``; on any error the temporary file is removed and ``path`` keeps its
+    previous content. Sets ``record.updated`` to now. Creates the parent folder. Raises
+    ResultsError for an inconsistent record (unknown status or keys, a checkpoint step past
+    the history, observables without final), and OSError, with the system's reason
+    (``No space left on device``, ``File too large``...), when the disk refuses the write.
     """
     _check_record(record)
     record.updated = _now()
+    image = _hdf5_image(record)
     with _replacing(path) as tmp:
-        with h5py.File(tmp, "w") as f:
-            _write_file(f, record)
+        tmp.write_bytes(image)
     return Path(path)
+
+
+def _hdf5_image(record: RunRecord) -> bytes:
+    """Returns the bytes of the results file, built in memory: the disk then sees one plain
+    write, whose failure (a full disk, a quota) is an ordinary OSError, where HDF5 writing
+    to a file that fails leaves its library with a file it cannot close."""
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        _write_file(f, record)
+    return buffer.getvalue()
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

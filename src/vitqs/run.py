@@ -349,11 +349,9 @@ def run_config(
             use_cache=use_cache,
         )
         distributed.share_parameters(run.model)  # every rank starts from rank 0's parameters
-        with _signals_to_flag() as stop:
-            _optimize(run, stop, progress and distributed.is_root(), start)
-        # every iteration is done: checkpoint, so an interrupted final measurement resumes here
-        _checkpoint(run, run.seconds_before + time.perf_counter() - start)
-        finished = _finish(run, start)
+        with _Signals() as signals:
+            _optimize(run, signals, progress and distributed.is_root(), start)
+            finished = _finish(run, signals, start)
     distributed.barrier()  # rank 0 has written the file that every rank may read next
     return finished
 
@@ -363,6 +361,17 @@ def _prepare(config, *, resume, overwrite, initial_parameters, claim, use_cache)
     vmc = build_vmc(config)  # a config refused here has touched no file
     hamiltonian, model, sampler = vmc.hamiltonian, vmc.model, vmc.sampler
     _check_exact_fits(config, hamiltonian)
+    if not resume:  # where a new run starts from: read (and refused) before any file is made
+        if initial_parameters is not None:
+            try:
+                model.load_state_dict(initial_parameters)
+            except RuntimeError as err:  # a warm start across points whose models differ
+                raise ConfigError(
+                    f"warm_start: the previous point's parameters do not fit this model.* "
+                    f"({first_line(err)})"
+                ) from None
+        elif config.model.init_from is not None:
+            start_from_results(config, model, sampler)
     # the lock comes before any look at the file and before ED: no second run can start on
     # this name between our look and our first write
     claim.enter_context(_sole_writer(target))
@@ -370,17 +379,6 @@ def _prepare(config, *, resume, overwrite, initial_parameters, claim, use_cache)
     if resume:
         run = _restore(config, path, hamiltonian, model, sampler, vmc, use_cache)
     else:
-        if initial_parameters is not None:
-            try:
-                model.load_state_dict(initial_parameters)
-            except RuntimeError as err:  # a warm start across points whose models differ
-                reason = str(err).splitlines()[0]
-                raise ConfigError(
-                    f"warm_start: the previous point's parameters do not fit this model.* "
-                    f"({reason})"
-                ) from None
-        elif config.model.init_from is not None:
-            start_from_results(config, model, sampler)
         record = _new_record(config, hamiltonian, model, use_cache)
         run = Run(config, hamiltonian, model, sampler, vmc, record, path)
         _write(run, first=True)  # claims the name; replaced atomically from now on
@@ -736,7 +734,7 @@ def _history_row(result, exact_energy, anneal_fraction: float) -> dict:
     }
 
 
-def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
+def _optimize(run: Run, signals: _Signals, progress: bool, start: float) -> None:
     from tqdm import tqdm  # the bar is the shell's business; imported where it is used
 
     config, record = run.config, run.record
@@ -767,7 +765,7 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
             step = len(record.history)
             spent = run.seconds_before + time.perf_counter() - loop_start
             # all ranks stop together: on a signal any of them got, by the slowest clock
-            signal_number, spent = distributed.agree(stop.get("signal"), spent)
+            signal_number, spent = distributed.agree(signals.received, spent)
             if step % config.output.checkpoint_every == 0 or signal_number:
                 _checkpoint(run, run.seconds_before + time.perf_counter() - start)
             if signal_number:
@@ -777,8 +775,16 @@ def _optimize(run: Run, stop: dict, progress: bool, start: float) -> None:
             _follow_budget(run, step, spent)
     except NonFiniteEnergyError as err:
         _stop(run, str(err))
-    except torch.distributed.DistError as err:
-        _stop(run, f"a collective with the other ranks failed ({first_line(err, 200)})")
+    except RuntimeError as err:
+        if not distributed.is_collective_failure(err):
+            raise
+        timeout = run.config.distributed.timeout
+        _stop(
+            run,
+            f"rank {distributed.rank()}: a collective with the other ranks failed "
+            f"({first_line(err, 200)}); a rank stopped, or none answered within "
+            f"distributed.timeout={timeout:g} s",
+        )
     except KeyboardInterrupt:  # a second Ctrl-C: stop inside the step
         _interrupted(run, signal.SIGINT)
     finally:
@@ -862,64 +868,70 @@ def _interrupted(run: Run, signal_number: int):
     )
 
 
-@contextlib.contextmanager
-def _signals_to_flag():
-    """Turns SIGINT/SIGTERM into a flag the loop checks after each step (main thread only)."""
-    stop: dict = {}
+class _Signals:
+    """SIGINT / SIGTERM for the whole run (main thread only). During the steps a signal sets
+    ``received``, which the loop reads after each step (a second signal stops inside the
+    step, as KeyboardInterrupt); once `measuring` is called, a signal raises at once: the
+    final measurement has no step boundary to wait for, and a scheduler's SIGTERM must
+    leave a resumable file. One handler from start to end leaves no moment unguarded."""
 
-    def handler(signum, frame):
-        if stop:  # a second signal: stop at once
+    def __init__(self):
+        self.received: int | None = None
+        self._raise_now: bool | None = False
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self._raise_now is None:  # writing the interrupted file: let it land whole
+            return
+        if self._raise_now:
+            raise _Signalled(signum)
+        if self.received is not None:
             raise KeyboardInterrupt
-        stop["signal"] = signum
+        self.received = signum
 
-    previous = {}
-    with contextlib.suppress(ValueError):  # not the main thread: keep default handlers
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, handler)
-    try:
-        yield stop
-    finally:
-        for sig, old in previous.items():
+    def measuring(self) -> None:
+        """From now on a signal raises; one that came since the last step raises now."""
+        self._raise_now = True
+        if self.received is not None:
+            raise _Signalled(self.received)
+
+    def hold(self) -> None:
+        """Ignores further signals (while the interrupted state is written)."""
+        self._raise_now = None
+
+    def __enter__(self):
+        with contextlib.suppress(ValueError):  # not the main thread: keep default handlers
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._previous.items():
             signal.signal(sig, old)
+        return False
 
 
 # ---- the end of a run ---------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _signals_raise():
-    """Makes SIGINT/SIGTERM raise at once (main thread only): the final measurement has no
-    step boundary to wait for, and a scheduler's SIGTERM must leave a resumable file."""
-
-    def handler(signum, frame):
-        raise _Signalled(signum)
-
-    previous = {}
-    with contextlib.suppress(ValueError):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, handler)
+def _finish(run: Run, signals: _Signals, start: float) -> dict:
+    """Checkpoints the last step, measures the final state and writes the finished file; a
+    signal meanwhile leaves it ``interrupted`` with that checkpoint, which resumes here."""
     try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def _finish(run: Run, start: float) -> dict:
-    """Measures the final state and writes the finished file; a signal meanwhile leaves it
-    ``interrupted`` with the checkpoint taken after the last step, which resumes here."""
-    with _signals_raise():
-        try:
-            _measure_final(run, start)
-            if not math.isfinite(run.record.final["energy"]):
-                run.record.final, run.record.observables = None, {}
-                _stop(run, "the final measurement gave a non-finite energy")
-            run.record.status = "finished"
-            _checkpoint(run, run.record.final["seconds"])  # keeps the final parameters too
-            _land(run)
-        except _Signalled as signalled:
+        signals.measuring()
+        # every iteration is done: checkpoint, so an interrupted final measurement resumes here
+        _checkpoint(run, run.seconds_before + time.perf_counter() - start)
+        _measure_final(run, start)
+        if not math.isfinite(run.record.final["energy"]):
             run.record.final, run.record.observables = None, {}
-            _interrupted(run, signalled.signal_number)
+            _stop(run, "the final measurement gave a non-finite energy")
+        run.record.status = "finished"
+        _checkpoint(run, run.record.final["seconds"])  # keeps the final parameters too
+        _land(run)
+    except _Signalled as signalled:
+        signals.hold()
+        run.record.final, run.record.observables = None, {}
+        _interrupted(run, signalled.signal_number)
     return summary(run.record, run.target)
 
 
@@ -997,7 +1009,10 @@ def _exact_observables(run: Run) -> dict:
         return {}  # a resumed record on another rank has rank 0's exact group: no second ED
     if run.record.exact["dimension"] > _EXACT_OBSERVABLES_MAX_DIM:
         return {}
-    vector = exact_ground_state(run.config, run.hamiltonian, return_vector=True).vector
+    solved = exact_ground_state(
+        run.config, run.hamiltonian, use_cache=run.use_cache, return_vector=True
+    )
+    vector = solved.vector
     measured = observables.observables_of_vector(run.hamiltonian, vector)
     return {f"exact_{name}": np.asarray(estimate.mean) for name, estimate in measured.items()}
 

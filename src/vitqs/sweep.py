@@ -200,15 +200,16 @@ def _settle_finished(record, config, differ: list[str]) -> str | None:
     stored = parse_yaml(record.config_yaml)  # read back by config_changes already
     earlier = stored.get("optimizer") if isinstance(stored, dict) else None
     earlier = earlier if isinstance(earlier, dict) else {}
-    reached_n_iter = len(record.history) >= config.optimizer.n_iter
+    budget = config.optimizer.max_seconds
+    spent = (record.final or {}).get("seconds", math.inf)  # steps and final measurement
+    if len(record.history) >= config.optimizer.n_iter and (budget is None or spent < budget):
+        # every step was done, within the budget asked for now: it would not end the run
+        differ = [key for key in differ if key != "optimizer.max_seconds"]
     action = "reuse"
     for key in differ:
         name = key.removeprefix("optimizer.")
-        before = earlier.get(name)
-        now = getattr(config.optimizer, name, None)
+        before, now = earlier.get(name), getattr(config.optimizer, name, None)
         more = now is None or (isinstance(before, (int, float)) and now > before)
-        if name == "max_seconds" and more and reached_n_iter:
-            continue  # the budget did not end the run, and would not end it now
         if key.startswith(("final.", "exact.")) or (name in ("n_iter", "max_seconds") and more):
             action = "resume"
             continue
