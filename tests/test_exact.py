@@ -147,6 +147,17 @@ def test_a_link_planted_in_the_cache_folder_is_not_written_through(tmp_path):
     assert exact.ground_state(ham, cache_dir=cache).cached
 
 
+def test_a_cache_that_cannot_be_written_warns_and_the_result_stands(tmp_path):
+    # a cache folder under a regular file (or a full disk) once ended the run with a traceback
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    ham = Heisenberg(Lattice((6,)))
+    with pytest.warns(RuntimeWarning, match="could not write"):
+        solved = exact.ground_state(ham, cache_dir=blocker / "ed")
+    assert solved.energy == pytest.approx(exact.ground_state(ham, use_cache=False).energy)
+    assert not solved.cached
+
+
 def test_sector_over_the_limit_is_refused_before_anything_is_built():
     ham = Heisenberg(Lattice((6, 6)))  # 9e9 states: building them would never finish
     with pytest.raises(exact.SectorTooLargeError, match="max_dim") as refusal:

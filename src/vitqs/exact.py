@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 import time
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,7 @@ def ground_state(
     energy, vector = _lowest_eigenpair(hamiltonian.to_sparse())
     result = GroundState(energy, dim, time.perf_counter() - start, vector)
     if use_cache:
-        _write_cache(path, result, hamiltonian)
+        _keep_in_cache(path, result, hamiltonian)
     if not return_vector:
         result.vector = None
     return result
@@ -197,6 +198,21 @@ def is_eigenvector(hamiltonian, vector: np.ndarray, energy: float) -> bool:
     h_vector = (mels.numpy() * vector[conn_index]).sum(axis=1)
     local_energy = h_vector / vector[index]
     return bool(np.all(np.abs(local_energy - energy) <= _CHECK_TOLERANCE * max(1.0, abs(energy))))
+
+
+def _keep_in_cache(path: Path, result: GroundState, hamiltonian) -> None:
+    """Writes the cache entry; a cache that cannot be written (a full disk, a folder that
+    cannot be made) costs the next run a new solve, not this run its result: a warning."""
+    try:
+        _write_cache(path, result, hamiltonian)
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        warnings.warn(
+            f"ED cache: could not write {path} ({reason}); the result is used but not "
+            "kept (set VITQS_CACHE_DIR, or pass --no-cache)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _write_cache(path: Path, result: GroundState, hamiltonian) -> None:
