@@ -408,6 +408,7 @@ def run_netket_vit(
     seed=0,
     exact_energy=None,
     enumerate_max_dim=None,
+    e_inf=0.0,
 ) -> dict:
     """Returns netket's ViT ground-state run on ``system`` as a JSON-ready dict, in our units.
 
@@ -419,9 +420,10 @@ def run_netket_vit(
     ``seconds_per_iter`` (median over the steps after the first two; after the first one when
     only two ran; both None after a single step), ``seconds_total`` (all steps),
     ``seconds_final_estimate, energy_history, energy_error_history, variance_history, energy,
-    energy_error, variance, v_score`` (``N Var/E²``), ``relative_error`` (None without
-    ``exact_energy``, given in our units), ``method_used, sampler_used, acceptance`` (None for
-    a full sum), ``n_samples, energy_factor``; with ``enumerate_max_dim``, also
+    energy_error, variance, v_score`` (``N Var/(E − E∞)²`` with ``e_inf`` = E∞ in our units,
+    Wu et al.), ``relative_error`` (signed; None without ``exact_energy``, given in our
+    units), ``method_used, sampler_used, acceptance`` (None for a full sum),
+    ``n_samples, energy_factor``; with ``enumerate_max_dim``, also
     ``enumerated_energy`` (the trained state's energy summed over its whole sector, our units;
     None above that many states), ``enumerated_relative_error`` and ``seconds_enumerate``.
     """
@@ -469,7 +471,7 @@ def run_netket_vit(
         "energy": energy,
         "energy_error": error,
         "variance": variance,
-        "v_score": parts["n_sites"] * variance / energy**2 if energy != 0 else None,
+        "v_score": parts["n_sites"] * variance / (energy - e_inf) ** 2 if energy != e_inf else None,
         "relative_error": _relative_error(energy, exact_energy),
         "method_used": parts["method_used"],
         "sampler_used": parts["sampler_used"],
@@ -484,9 +486,10 @@ def run_netket_vit(
 
 
 def _relative_error(energy, exact_energy):
+    """Returns the signed (E − E_exact)/|E_exact|, as vitqs reports it, or None."""
     if energy is None or exact_energy is None:
         return None
-    return abs(energy - exact_energy) / abs(exact_energy)
+    return (energy - exact_energy) / abs(exact_energy)
 
 
 def enumerated_energy(vstate, hamiltonian, factor: float, max_dim: int, chunk: int = 8192):

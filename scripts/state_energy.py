@@ -68,7 +68,7 @@ def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dic
         "monte_carlo_error": record.final["energy_error"],
         "enumerated": energy,
         "exact": exact,
-        "mc_relative_error": abs(monte_carlo - exact) / abs(exact),
+        "mc_relative_error": (monte_carlo - exact) / abs(exact),
         "relative_error": (energy - exact) / abs(exact),
     }
     vmc_state = state.get("vmc") or {}

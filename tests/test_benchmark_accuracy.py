@@ -88,7 +88,7 @@ def test_enumerated_energy_lands_in_the_row_and_the_table(tmp_path):
     table = bench.render_table([stored], "system")
     header, _, cells = table.splitlines()
     column = header.split(" | ").index("rel. error, enumerated")
-    assert cells.split(" | ")[column] == f"{stored['enumerated_relative_error']:.2e}"
+    assert cells.split(" | ")[column] == f"{stored['enumerated_relative_error']:+.2e}"
 
 
 def test_kept_peers_come_back_marked_as_from_an_earlier_invocation(tmp_path):
@@ -160,7 +160,7 @@ def test_netket_only_attaches_an_enumerated_peer_with_the_configs_threads(tmp_pa
         (peer["enumerated_energy"] - ours["exact_energy"]) / abs(ours["exact_energy"])
     )
     table = (tmp_path / "accuracy.md").read_text()
-    assert f"| {peer['enumerated_relative_error']:.2e} |" in table
+    assert f"| {peer['enumerated_relative_error']:+.2e} |" in table
 
 
 def test_a_row_read_back_from_a_gpu_run_is_measured_against_the_published_energy(
@@ -186,7 +186,7 @@ def test_a_row_read_back_from_a_gpu_run_is_measured_against_the_published_energy
     row = bench.row_from_results("tiny", results_file)
     assert row["relative_error"] is None and row["exact_energy"] is None
     assert row["device"] == "Some GPU" and row["n_iter"] == 4
-    expected = abs(record.final["energy"] - 6 * published) / abs(6 * published)
+    expected = (record.final["energy"] - 6 * published) / abs(6 * published)  # signed
     assert row["reference_relative_error"] == pytest.approx(expected, rel=1e-12)
     assert row["curve_relative_error"][-1] == pytest.approx(
         abs(record.history[-1]["energy"] - 6 * published) / abs(6 * published), rel=1e-12
@@ -194,7 +194,7 @@ def test_a_row_read_back_from_a_gpu_run_is_measured_against_the_published_energy
     cells = bench.render_table([row], "system").splitlines()[2].split(" | ")
     assert "GPU: Some GPU" in cells
     assert "-0.467155 (published: a paper)" in cells
-    assert f"{expected:.2e} (vs published)" in cells
+    assert f"{expected:+.2e} (vs published)" in cells
 
 
 def test_a_row_of_steps_on_another_power_of_psi_says_so(tmp_path):
@@ -233,3 +233,36 @@ def test_bench_accuracy_help_names_the_command(capsys):
         main(["bench", "accuracy", "--help"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith("usage: vitqs bench accuracy")
+
+
+def test_a_goal_is_judged_on_the_monte_carlo_estimate_and_its_error_bar():
+    bench = _script("benchmark_accuracy")
+    exact = -10.0
+    # |ΔE| + 2σ ≤ goal |E_exact|: 1e-5 + 2·2e-5 = 5e-5 relative
+    assert bench.goal_met(exact - 1e-4, 2e-4, exact, goal=5e-5 + 1e-12)
+    assert not bench.goal_met(exact - 1e-4, 2e-4, exact, goal=4.9e-5)
+    # below the exact energy counts as far as above it
+    assert bench.goal_met(exact + 1e-4, 2e-4, exact, 5e-5 + 1e-12) == bench.goal_met(
+        exact - 1e-4, 2e-4, exact, 5e-5 + 1e-12
+    )
+
+
+def test_goals_table_marks_full_sums_and_judges_mc_rows_not_their_enumeration():
+    bench = _script("benchmark_accuracy")
+    exact = -7.142296360624
+    # enumerated 5e-7 meets 1e-6, but the estimate ± its error does not
+    mc = {
+        **_row("vitqs", None),
+        "energy": exact * (1 - 3.1e-6),
+        "energy_error": 5.2e-6 * abs(exact),
+        "enumerated_relative_error": 5e-7,
+    }
+    summed = {**mc, "system": "j1j2_4x4", "energy": exact, "energy_error": 0.0}
+    summed["estimator"] = "full sum over 441 orbits of the 12,870 states"
+    met = {**mc, "system": "heisenberg_4x4", "energy_error": 1e-7 * abs(exact)}
+    table = bench.render_goals([mc, summed, met]).splitlines()
+    cells = [line.split(" | ") for line in table[2:]]
+    assert cells[0][0] == "| heisenberg_chain16" and cells[0][4] == "no"
+    assert cells[0][2] == "+3.1e-06 ± 5.2e-06" and cells[0][3] == "1.4e-05"
+    assert cells[1][4].startswith("does not count: full sum")
+    assert cells[2][0] == "| heisenberg_4x4" and cells[2][4] == "**yes**"  # 3.1e-6 + 2e-7 ≤ 1e-5

@@ -124,7 +124,7 @@ def test_a_run_on_two_ranks_writes_one_file_and_reaches_the_ground_state(run_on_
     exact_energy = exact.ground_state(Heisenberg(Lattice((6,)), J1=1.0, sign_rule=True)).energy
     assert record.exact["energy"] == pytest.approx(exact_energy, rel=1e-12)
     # 60 SR steps at lr 0.05 take this ring from the random start's 28 % error to 4e-5
-    assert record.final["relative_error"] < 1e-3
+    assert abs(record.final["relative_error"]) < 1e-3
     state = results.load_checkpoint(record)["sampler"]
     assert state["chains"].shape == (16, 6)  # every rank's chains
     assert len(state["generators"]) == N_RANKS

@@ -9,7 +9,6 @@ import torch
 from _vmc_helpers import ComplexRBM, LookupTable, exact_ground_state, model_vector
 
 from vitqs.estimators import (
-    Stats,
     distinct_rows,
     evaluate_log_psi,
     importance_statistics,
@@ -17,7 +16,6 @@ from vitqs.estimators import (
     local_energy,
     sample_mean,
     statistics,
-    v_score,
 )
 from vitqs.lattice import Lattice
 from vitqs.operators import BoseHubbard, Heisenberg
@@ -236,13 +234,6 @@ def test_complex_values_give_variance_of_the_modulus():
     expected = ((values - values.mean()).abs() ** 2).mean()
     assert stats.variance == pytest.approx(float(expected))
     assert isinstance(stats.mean, complex)
-
-
-def test_v_score():
-    stats = Stats(
-        mean=-4.0 + 0j, error_of_mean=0.0, variance=0.32, tau_corr=0.0, r_hat=1.0, n_samples=1
-    )
-    assert v_score(stats, n_sites=8) == pytest.approx(8 * 0.32 / 16)
 
 
 def test_forward_passes_are_bounded_without_a_chunk_size(monkeypatch):

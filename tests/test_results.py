@@ -25,6 +25,7 @@ from vitqs.results import (
 
 N_SITES = 8
 EXACT_ENERGY = -3.651093408937  # 8-site Heisenberg ring, S = sigma/2 (ED value, used as data)
+E_INF = 0.75  # a made-up E∞ (data): the V-score must measure from it, not from 0
 
 
 def history_row(step: int) -> dict:
@@ -42,6 +43,7 @@ def make_record(n_steps: int = 5, *, finished: bool = True, exact: bool = True) 
         config_yaml="name: chain8\nlattice:\n  shape: [8]\n",
         n_sites=N_SITES,
         n_params=1234,
+        e_inf=E_INF,
     )
     for step in range(n_steps):
         record.append_history(history_row(step))
@@ -59,7 +61,7 @@ def make_record(n_steps: int = 5, *, finished: bool = True, exact: bool = True) 
             "energy": energy,
             "energy_error": 5e-4,
             "variance": variance,
-            "v_score": v_score(energy, variance, N_SITES),
+            "v_score": v_score(energy, variance, N_SITES, E_INF),
             "tau": 1.5,
             "r_hat": 1.01,
             "n_samples": 4096,
@@ -92,7 +94,8 @@ def test_round_trip_keeps_every_field(tmp_path):
     path = write_results(tmp_path / "chain8.h5", record)
     back = read_results(path)
 
-    for key in ("name", "status", "seed", "config_yaml", "n_sites", "n_params", "created"):
+    keys = ("name", "status", "seed", "config_yaml", "n_sites", "n_params", "e_inf", "created")
+    for key in keys:
         assert getattr(back, key) == getattr(record, key)
     assert back.updated == record.updated
     assert back.versions == record.versions
@@ -323,7 +326,8 @@ def test_summary_row_of_finished_and_running_runs():
     last = history_row(2)
     assert running["status"] == "running"
     assert running["energy"] == pytest.approx(last["energy"])
-    assert running["v_score"] == pytest.approx(N_SITES * last["variance"] / last["energy"] ** 2)
+    e_minus_e_inf = last["energy"] - E_INF
+    assert running["v_score"] == pytest.approx(N_SITES * last["variance"] / e_minus_e_inf**2)
     assert running["relative_error"] is None and running["exact_energy"] is None
 
 

@@ -131,7 +131,8 @@ def _run_text(summary: dict) -> str:
     if summary["exact_energy"] is not None:
         lines.append(f"  exact energy    {summary['exact_energy']:.10f}")
     if summary["relative_error"] is not None:  # None when there is no exact energy, or it is 0
-        lines.append(f"  relative error  {summary['relative_error']:.3e}")
+        relative = summary["relative_error"]
+        lines.append(f"  relative error  {relative:+.3e}   (E − E_exact)/|E_exact|")
     lines.append(f"  results         {summary['results_file']}")
     return "\n".join(lines)
 

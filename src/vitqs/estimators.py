@@ -1,4 +1,4 @@
-"""Local energies, Monte Carlo statistics and the V-score.
+"""Local energies and Monte Carlo statistics.
 
 Every mean over samples in vitqs goes through `sample_mean`, which sums through `reduce_sum`:
 the one place where sums cross ``torch.distributed`` ranks (each rank holds its own chains).
@@ -417,8 +417,3 @@ def split_r_hat(values: torch.Tensor) -> float:
     if float(within) <= 0:
         return 1.0
     return math.sqrt(float(((half - 1) / half * within + between) / within))
-
-
-def v_score(stats: Stats, n_sites: int) -> float:
-    """Returns the V-score ``N · Var(E) / E²`` (Wu et al., Science 386, 296 (2024))."""
-    return n_sites * stats.variance / stats.mean.real**2

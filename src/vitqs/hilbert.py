@@ -238,6 +238,15 @@ class SpinHalf(_FixedSector):
         return {"kind": "spin_half", "n_sites": self.n_sites, "total_sz": self.total_sz}
 
 
+def placements(n_sites: int, n_particles: int, n_max: int) -> list[int]:
+    """Returns ``ways`` with ``ways[m]`` the number of ways to put ``m = 0 … n_particles``
+    bosons on ``n_sites`` sites with at most ``n_max`` each (exact Python integers)."""
+    ways = [1] + [0] * n_particles
+    for _ in range(n_sites):
+        ways = [sum(ways[m - v] for v in range(min(m, n_max) + 1)) for m in range(len(ways))]
+    return ways
+
+
 class Bosons(_FixedSector):
     """Bosons on ``n_sites`` sites with ``n_particles`` in total and at most ``n_max`` per site.
 
@@ -279,13 +288,17 @@ class Bosons(_FixedSector):
 
     @cached_property
     def dimension(self) -> int:
-        # ways[m]: placements of m particles on the sites seen so far (exact Python ints)
-        ways = [1] + [0] * self.n_particles
-        for _ in range(self.n_sites):
-            ways = [
-                sum(ways[m - v] for v in range(min(m, self.n_max) + 1)) for m in range(len(ways))
-            ]
-        return ways[self.n_particles]
+        return placements(self.n_sites, self.n_particles, self.n_max)[self.n_particles]
+
+    def mean_pair_occupation(self) -> float:
+        """Returns ``⟨n_i(n_i − 1)⟩`` of one site averaged uniformly over the sector (the same
+        for every site): ``2 N(N − 1) / (L(L + 1))`` without cutoff, counted with one."""
+        n, p = self.n_sites, self.n_particles
+        if self.n_max >= p:  # uniform weak compositions of p into n parts
+            return 2 * p * (p - 1) / (n * (n + 1))
+        rest = placements(n - 1, p, self.n_max)  # the other sites hold p - k
+        pairs = sum(k * (k - 1) * rest[p - k] for k in range(min(p, self.n_max) + 1))
+        return pairs / self.dimension  # exact integers, one rounding
 
     def to_digits(self, states):
         return np.asarray(states).astype(np.int8)

@@ -42,6 +42,11 @@ class Hamiltonian(ABC):
         return 1 + len(self._src)
 
     @abstractmethod
+    def infinite_temperature_energy(self) -> float:
+        """Returns ``E∞ = Tr H / dim``, the energy at infinite temperature that the V-score
+        measures from (Wu et al., Science 386, 296 (2024))."""
+
+    @abstractmethod
     def diagonal(self, x: torch.Tensor) -> torch.Tensor:
         """Returns ``H_{xx}`` for configurations ``(B, N)`` as ``(B,)``."""
 
@@ -188,6 +193,16 @@ class Heisenberg(Hamiltonian):
             np.concatenate([np.full(len(bonds1), exchange1), np.full(len(bonds2), self.J2)]) / 2
         )
 
+    def infinite_temperature_energy(self) -> float:
+        """Returns 0: every ``S_i·S_j`` is traceless on the spin space, as in the published
+        V-scores of Heisenberg models (Wu et al.; varbench's ``Einf = 0``).
+
+        The trace over one S^z sector alone is not zero (``−Σ_b J_b / (4(N − 1))`` at
+        S^z = 0): the published convention takes the whole space, so V-scores stay
+        comparable across papers whatever sector a code works in.
+        """
+        return 0.0
+
     def diagonal(self, x):
         src, dst = self._index("_src", x.device), self._index("_dst", x.device)
         coupling = self._index("_coupling", x.device).to(x.dtype)
@@ -238,6 +253,13 @@ class BoseHubbard(Hamiltonian):
     @property
     def n_max(self) -> int:
         return self.hilbert.n_max
+
+    def infinite_temperature_energy(self) -> float:
+        """Returns ``Tr H / dim`` over the fixed-N sector: hops are traceless, so
+        ``E∞ = (U/2) L ⟨n(n − 1)⟩ − μN`` with the site average of `Bosons` (N is a parameter
+        of the model, as in the published fixed-particle-number entries of Wu et al.)."""
+        pairs = self.hilbert.mean_pair_occupation()
+        return (self.U / 2) * self.n_sites * pairs - self.mu * self.hilbert.n_particles
 
     def diagonal(self, x):
         return (self.U / 2) * (x * (x - 1)).sum(dim=1) - self.mu * x.sum(dim=1)

@@ -226,7 +226,7 @@ def _sweep_energy(rows, x, parameter, path: Path) -> Path:
 
 
 def _sweep_relative_error(rows, x, parameter, path: Path) -> Path | None:
-    rel = _positive(_column(rows, "relative_error"))
+    rel = _positive(np.abs(_column(rows, "relative_error")))  # signed in the rows
     if not np.isfinite(rel).any():
         return None
     figure, axes = _new_axes(parameter, "|E − E_exact| / |E_exact|", log_y=True)

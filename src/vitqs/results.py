@@ -101,7 +101,9 @@ CONVENTIONS = (
     "S = sigma/2; H_heis = J1 sum_<ij> S_i.S_j + J2 sum_<<ij>> S_i.S_j; "
     "H_bh = -J sum_<ij> (b_i^dag b_j + h.c.) + (U/2) sum_i n_i (n_i - 1) - mu sum_i n_i; "
     "sites row-major, site (x, y) = x + Lx*y; energies are totals unless named per_site; "
-    "relative_error = |E - E_exact|/|E_exact|; v_score = N Var(E)/E^2 with N = n_sites"
+    "relative_error = (E - E_exact)/|E_exact|, signed; "
+    "v_score = N Var(E)/(E - E_inf)^2 with N = n_sites and E_inf = Tr H/dim (attr e_inf; "
+    "0 for Heisenberg, over the fixed-N sector for Bose-Hubbard; Wu et al., Science 2024)"
 )
 
 _HISTORY_CHUNK = 1024  # entries per chunk: a few kB per column, one chunk for most runs
@@ -147,6 +149,7 @@ class RunRecord:
     config_yaml: str = ""
     n_sites: int = 0
     n_params: int = 0
+    e_inf: float = math.nan  # Tr H / dim, the V-score's origin (NaN: a file written before it)
     created: str = field(default_factory=_now)
     updated: str = field(default_factory=_now)
     versions: dict[str, str] = field(default_factory=runtime_versions)
@@ -191,17 +194,23 @@ def _history_column(rows: list[dict], name: str) -> np.ndarray:
 
 
 def relative_error(energy: float, exact_energy: float | None) -> float:
-    """Returns |E - E_exact| / |E_exact|, or NaN when there is no exact energy."""
+    """Returns the signed ``(E − E_exact) / |E_exact|``, or NaN when there is no exact energy.
+
+    Signed: an estimate below the exact ground-state energy (which only noise can give) reads
+    negative, not as an error of the same size above it.
+    """
     if exact_energy is None or not math.isfinite(exact_energy) or exact_energy == 0:
         return math.nan
-    return abs(energy - exact_energy) / abs(exact_energy)
+    return (energy - exact_energy) / abs(exact_energy)
 
 
-def v_score(energy: float, variance: float, n_sites: int) -> float:
-    """Returns the V-score N Var(E) / E^2 (Wu et al., Science 2024); NaN when E = 0."""
-    if energy == 0:
+def v_score(energy: float, variance: float, n_sites: int, e_inf: float) -> float:
+    """Returns the V-score ``N Var(E) / (E − E∞)²`` (Wu et al., Science 386, 296 (2024);
+    netket's ``VScore``), with ``E∞ = Tr H / dim`` the energy at infinite temperature;
+    NaN when ``E = E∞`` or ``E∞`` is unknown."""
+    if not math.isfinite(e_inf) or energy == e_inf:
         return math.nan
-    return n_sites * variance / energy**2
+    return n_sites * variance / (energy - e_inf) ** 2
 
 
 def results_path(output_dir: str | Path, name: str) -> Path:
@@ -271,8 +280,9 @@ def _hdf5_image(record: RunRecord) -> bytes:
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Writes ``text`` to ``path`` through ``<path>.tmp`` and ``os.replace``: a reader (or a
-    crash) sees the old file or the new one, never half of one. Creates the parent folder."""
+    """Writes ``text`` to ``path`` through a fresh temporary name beside it and
+    ``os.replace``: a reader (or a crash) sees the old file or the new one, never half of
+    one. Creates the parent folder."""
     with _replacing(path) as tmp:
         tmp.write_text(text)
     return Path(path)
@@ -358,6 +368,7 @@ def _write_root_attrs(f: h5py.File, record: RunRecord) -> None:
     f.attrs["conventions"] = record.conventions
     f.attrs["n_sites"] = int(record.n_sites)
     f.attrs["n_params"] = int(record.n_params)
+    f.attrs["e_inf"] = float(record.e_inf)
 
 
 def _write_history(group: h5py.Group, record: RunRecord) -> None:
@@ -428,6 +439,7 @@ def _read_file(f: h5py.File, path: Path) -> RunRecord:
         config_yaml=attrs.text("config_yaml"),
         n_sites=attrs.integer("n_sites"),
         n_params=attrs.integer("n_params"),
+        e_inf=attrs.number("e_inf") if "e_inf" in f.attrs else math.nan,
         created=attrs.text("created"),
         updated=attrs.text("updated"),
         versions=_versions(attrs.text("versions_json"), path),
@@ -641,7 +653,7 @@ def summary_row(record: RunRecord) -> dict[str, Any]:
             energy=float(energy),
             energy_error=float(history["energy_error"][-1]),
             relative_error=relative_error(energy, exact_energy),
-            v_score=v_score(energy, variance, record.n_sites),
+            v_score=v_score(energy, variance, record.n_sites, record.e_inf),
         )
     return {key: _none_if_nan(row.get(key)) for key in SUMMARY_COLUMNS}
 

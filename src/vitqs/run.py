@@ -614,6 +614,7 @@ def _new_record(config: Config, hamiltonian, model, use_cache: bool) -> results.
         config_yaml=config_yaml(config),
         n_sites=hamiltonian.n_sites,
         n_params=sum(p.numel() for p in model.parameters()),
+        e_inf=hamiltonian.infinite_temperature_energy(),
     )
     record.exact = _exact_reference(config, hamiltonian, use_cache)
     return record
@@ -640,6 +641,7 @@ def _restore(config, path, hamiltonian, model, sampler, vmc, use_cache) -> Run:
         record = results.read_results(path)
     except results.ResultsError as err:
         raise ConfigError(f"--resume: {err}") from None
+    record.e_inf = hamiltonian.infinite_temperature_energy()  # files before it lack e_inf
     earlier, current = _stored_config(record) or {}, config.to_dict()
     changed = _changed_keys(earlier, current)
     if changed:
@@ -848,7 +850,7 @@ def _progress_text(result, exact_energy, anneal_fraction: float) -> str:
     if anneal_fraction < 1.0:  # not yet the hamiltonian whose exact energy is known
         text += f" anneal={anneal_fraction:.2f}"
     elif exact_energy is not None:
-        text += f" rel={results.relative_error(energy.mean.real, exact_energy):.1e}"
+        text += f" rel={results.relative_error(energy.mean.real, exact_energy):+.1e}"
     if not math.isnan(result.acceptance):
         text += f" acc={result.acceptance:.2f}"
     return text
@@ -965,7 +967,9 @@ def _measure_final(run: Run, start: float) -> None:
         "energy": energy.mean.real,
         "energy_error": energy.error_of_mean,
         "variance": energy.variance,
-        "v_score": results.v_score(energy.mean.real, energy.variance, run.hamiltonian.n_sites),
+        "v_score": results.v_score(
+            energy.mean.real, energy.variance, run.hamiltonian.n_sites, record.e_inf
+        ),
         "tau": energy.tau_corr,
         "r_hat": energy.r_hat,
         "n_samples": int(energy.n_samples),
