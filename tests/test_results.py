@@ -68,6 +68,7 @@ def make_record(n_steps: int = 5, *, finished: bool = True, exact: bool = True) 
             "relative_error": relative_error(energy, EXACT_ENERGY if exact else None),
             "seconds": 12.5,
             "seconds_per_iter": 2.5,
+            "n_discard": 64,
         }
         record.observables = {
             "structure_factor": np.linspace(0.0, 1.0, 8).reshape(2, 4),

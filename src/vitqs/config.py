@@ -334,6 +334,12 @@ class FinalConfig:
     # and over spin inversion, projecting on this eigenvalue (S^z = 0 spins only; 0: off):
     # for a model trained without model.spin_flip, whose sector is known
     spin_flip: int = option(0, choice(0, 1, -1))
+    # sweeps each chain makes before the final measurement keeps a sample. The final state is
+    # another distribution than the steps sampled (|ψ|² instead of |ψ|^machine_pow, averaged
+    # parameters, a symmetrized ψ, the last update): chains started in the old one bias the
+    # energy upward until they forget it. null: as many sweeps as each chain then keeps
+    # (final.n_samples / sampler.n_chains), at least sampler.n_discard
+    n_discard: int | None = option(None, optional(integer(0)))
 
 
 @dataclass
@@ -498,6 +504,7 @@ def _check_consistency(config: Config) -> None:
             )
     _check_positive(config.model, ham)
     _check_final_spin_flip(config)
+    _check_singlet_flip(config)
     _check_schedules(config.optimizer)
     _check_anneal(config)
     _check_metropolis_only(config)
@@ -530,6 +537,31 @@ def _check_final_spin_flip(config: Config) -> None:
             f"final.spin_flip={flip} contradicts model.spin_flip={trained}, which the model "
             "already projects on; set final.spin_flip=0 (or equal to model.spin_flip)"
         )
+
+
+def singlet_spin_flip(n_sites: int, sign_rule: bool) -> int:
+    """Returns the eigenvalue of global spin inversion on a singlet of ``n_sites`` spins at
+    S^z = 0: ``(−1)^(N/2)``, and +1 in the basis of the Marshall sign rule, whose rotation of
+    the N/2 spins of one sublattice multiplies it by ``(−1)^(N/2)``."""
+    return 1 if sign_rule else (-1) ** (n_sites // 2)
+
+
+def _check_singlet_flip(config: Config) -> None:
+    """Raises for a spin-inversion projection that removes the singlet ground state of an
+    antiferromagnet (J1 > 0, J2 ≥ 0, S^z = 0): ψ would be trained or measured in a sector
+    that holds no ground state, and its energy would stay far above E_exact."""
+    ham = config.hamiltonian
+    if not isinstance(ham, HeisenbergConfig) or ham.total_sz != 0 or ham.J1 <= 0 or ham.J2 < 0:
+        return
+    singlet = singlet_spin_flip(config.n_sites, ham.sign_rule)
+    for key, value in (("model", config.model.spin_flip), ("final", config.final.spin_flip)):
+        if value == -singlet:
+            rule = "with" if ham.sign_rule else "without"
+            raise ConfigError(
+                f"{key}.spin_flip={value} projects out the singlet ground state: {rule} "
+                f"hamiltonian.sign_rule a singlet of {config.n_sites} spins has spin-inversion "
+                f"eigenvalue {singlet:+d}; set {key}.spin_flip={singlet} (or 0)"
+            )
 
 
 def _check_metropolis_only(config: Config) -> None:

@@ -93,6 +93,7 @@ FINAL_FIELDS = (
     "relative_error",
     "seconds",
     "seconds_per_iter",
+    "n_discard",  # thermalisation sweeps per chain before the kept samples (0: a full sum)
 )
 # integer attrs cannot fall back to NaN, so they are required when the group is written
 _INT_ATTRS = ("dimension", "n_samples")

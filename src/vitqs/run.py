@@ -31,7 +31,7 @@ from vitqs.estimators import statistics
 from vitqs.lattice import Lattice
 from vitqs.models import build_model, final_symmetrized, invariances, load_network_state
 from vitqs.operators import BoseHubbard, Heisenberg
-from vitqs.sampler import ExactSampler, MetropolisSampler
+from vitqs.sampler import ExactSampler, MetropolisSampler, sector_orbits
 from vitqs.sr import set_parameter_vector
 from vitqs.vmc import (
     VMC,
@@ -65,6 +65,7 @@ _RESUMABLE_CHANGES = (
     # the final average: measured once the steps are done
     "final.symmetrize",
     "final.spin_flip",
+    "final.n_discard",
     # precisions of network copies: rounding changes, the state does not
     "sampler.dtype",
     "sampler.local_energy_dtype",
@@ -182,6 +183,11 @@ def build_vmc(config: Config) -> VMC:
     torch.manual_seed(config.seed)
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
+    check_sector_not_empty(hamiltonian, model, "model.symmetrize / model.spin_flip")
+    final = config.final
+    if final.symmetrize != "none" or final.spin_flip:  # refused now, not after the steps
+        measured = final_symmetrized(model, final.symmetrize, hamiltonian.lattice, final.spin_flip)
+        check_sector_not_empty(hamiltonian, measured, "final.symmetrize / final.spin_flip")
     sampler = build_sampler(config, hamiltonian, model)
     return VMC(
         hamiltonian,
@@ -191,6 +197,28 @@ def build_vmc(config: Config) -> VMC:
         chunk_size=config.sampler.chunk_size,
         local_energy_dtype=_torch_dtype(config.sampler.local_energy_dtype),
     )
+
+
+# Sectors up to this size are checked for a symmetry projection that leaves no state.
+_SECTOR_CHECK_MAX_DIM = 50_000
+
+
+def check_sector_not_empty(hamiltonian, model, keys: str) -> None:
+    """Raises ConfigError when ``model``'s symmetry projection vanishes on every state of the
+    sector (every orbit holds a state that a symmetry of character −1 fixes, e.g. the 4×2
+    square's space group with spin inversion −1): ψ would be 0 everywhere, the sampler would
+    wander on rounding noise and report a meaningless energy. Checked on sectors up to
+    ``_SECTOR_CHECK_MAX_DIM`` states (larger ones have room for every sector seen so far)."""
+    permutations, spin_flip = invariances(model, hamiltonian.lattice)
+    if not spin_flip or hamiltonian.hilbert.dimension > _SECTOR_CHECK_MAX_DIM:
+        return  # characters all +1: the symmetric combination of any state survives
+    if len(sector_orbits(hamiltonian.hilbert, permutations, spin_flip).representatives) == 0:
+        raise ConfigError(
+            f"{keys}: spin inversion {spin_flip:+d} with the {len(permutations)} lattice "
+            f"symmetries of the model leaves no state of the sector "
+            f"({hamiltonian.hilbert.dimension} states on {hamiltonian.n_sites} sites): ψ would "
+            "vanish everywhere; choose the other spin_flip or fewer symmetries"
+        )
 
 
 def optimizer_settings(config: Config) -> OptimizerSettings:
@@ -954,10 +982,11 @@ def _measure_final(run: Run, start: float) -> None:
     # site-resolved observables need every state, not one per orbit; the final energy and
     # observables are measured on |ψ|² itself, whatever sampler.machine_pow the steps used
     if isinstance(run.sampler, ExactSampler):
-        sampler = run.sampler.unreduced()
+        sampler, n_discard = run.sampler.unreduced(), 0
     else:
         sampler = run.sampler.of_psi_squared()
-    samples = draw_samples(sampler, model, config.final.n_samples)
+        n_discard = final_discard(config, sampler)
+    samples = draw_samples(sampler, model, config.final.n_samples, n_discard)
     e_loc = sample_local_energy(run.hamiltonian, model, sampler, samples, config.sampler.chunk_size)
     energy = statistics(e_loc, samples.weights)
     exact_energy = record.exact["energy"] if record.exact else None
@@ -976,8 +1005,20 @@ def _measure_final(run: Run, start: float) -> None:
         "relative_error": results.relative_error(energy.mean.real, exact_energy),
         "seconds": seconds,
         "seconds_per_iter": pystats.median(iter_seconds) if iter_seconds else math.nan,
+        "n_discard": n_discard,
     }
     record.observables = _observables(run, model, samples, sampler)
+
+
+def final_discard(config: Config, sampler) -> int:
+    """Returns the sweeps per chain before the final measurement keeps samples:
+    ``final.n_discard``, or by default as many as each chain then keeps (half of every final
+    chain is thrown away, whatever distribution the chains came from), at least
+    ``sampler.n_discard``."""
+    if config.final.n_discard is not None:
+        return config.final.n_discard
+    batches = math.ceil(config.final.n_samples / sampler.n_samples)  # as `draw_samples` does
+    return max(sampler.n_discard, batches * sampler.n_per_chain)  # one sample per sweep
 
 
 def _observables(run: Run, model, samples, sampler) -> dict:

@@ -433,16 +433,21 @@ def optimize(
     yield from VMC(hamiltonian, model, sampler, settings, chunk_size=chunk_size).run(n_iter)
 
 
-def draw_samples(sampler, model, n_samples: int | None = None) -> Samples:
+def draw_samples(
+    sampler, model, n_samples: int | None = None, n_discard: int | None = None
+) -> Samples:
     """Returns at least ``n_samples`` samples of ``|ψ|²``, joined along each chain.
 
-    Draws ``ceil(n_samples / sampler.n_samples)`` batches; the later batches continue the
+    Draws ``ceil(n_samples / sampler.n_samples)`` batches: the first after ``n_discard``
+    sweeps per chain (None: the sampler's ``n_discard``), the later ones continuing the
     chains without discarding. The exact sampler returns the whole sector once.
     """
     n_samples = sampler.n_samples if n_samples is None else n_samples
     exact = isinstance(sampler, ExactSampler)
     n_batches = 1 if exact else math.ceil(n_samples / sampler.n_samples)
-    batches = [sampler.sample(model, n_discard=None if b == 0 else 0) for b in range(n_batches)]
+    batches = [
+        sampler.sample(model, n_discard=n_discard if b == 0 else 0) for b in range(n_batches)
+    ]
     if len(batches) == 1:
         return batches[0]
     return Samples(
