@@ -38,6 +38,7 @@ from vitqs.vmc import (
     NonFiniteEnergyError,
     OptimizerSettings,
     draw_samples,
+    n_batches,
     sample_local_energy,
 )
 
@@ -1017,8 +1018,8 @@ def final_discard(config: Config, sampler) -> int:
     ``sampler.n_discard``."""
     if config.final.n_discard is not None:
         return config.final.n_discard
-    batches = math.ceil(config.final.n_samples / sampler.n_samples)  # as `draw_samples` does
-    return max(sampler.n_discard, batches * sampler.n_per_chain)  # one sample per sweep
+    kept = n_batches(sampler, config.final.n_samples) * sampler.n_per_chain  # one per sweep
+    return max(sampler.n_discard, kept)
 
 
 def _observables(run: Run, model, samples, sampler) -> dict:

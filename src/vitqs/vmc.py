@@ -433,6 +433,12 @@ def optimize(
     yield from VMC(hamiltonian, model, sampler, settings, chunk_size=chunk_size).run(n_iter)
 
 
+def n_batches(sampler, n_samples: int) -> int:
+    """Returns the calls of ``sampler`` that `draw_samples` makes for ``n_samples`` samples
+    (one for the exact sampler, which returns the whole sector)."""
+    return 1 if isinstance(sampler, ExactSampler) else math.ceil(n_samples / sampler.n_samples)
+
+
 def draw_samples(
     sampler, model, n_samples: int | None = None, n_discard: int | None = None
 ) -> Samples:
@@ -443,10 +449,9 @@ def draw_samples(
     chains without discarding. The exact sampler returns the whole sector once.
     """
     n_samples = sampler.n_samples if n_samples is None else n_samples
-    exact = isinstance(sampler, ExactSampler)
-    n_batches = 1 if exact else math.ceil(n_samples / sampler.n_samples)
     batches = [
-        sampler.sample(model, n_discard=n_discard if b == 0 else 0) for b in range(n_batches)
+        sampler.sample(model, n_discard=n_discard if b == 0 else 0)
+        for b in range(n_batches(sampler, n_samples))
     ]
     if len(batches) == 1:
         return batches[0]
