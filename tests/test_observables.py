@@ -202,3 +202,47 @@ def test_observables_of_a_vector_are_those_of_the_full_sum_samples(kind, name):
     for key, estimate in from_vector.items():
         np.testing.assert_allclose(estimate.mean, from_samples[key].mean, atol=1e-12, err_msg=key)
         assert not np.any(estimate.error)
+
+
+@pytest.mark.parametrize(
+    "hamiltonian",
+    [
+        BoseHubbard(Lattice((6,)), U=3.0, n_particles=6),
+        BoseHubbard(Lattice((3, 3)), U=16.7, n_particles=9, n_max=3),
+    ],
+    ids=["chain6", "square3x3"],
+)
+def test_rho_at_k0_is_the_largest_eigenvalue_of_a_translation_invariant_ground_state(hamiltonian):
+    _, ground = exact_ground_state(hamiltonian)
+    measured = observables_of_vector(hamiltonian, ground, translation_invariant=True)
+    largest = measured["condensate_fraction_max_eigenvalue"].mean
+    assert float(measured["condensate_fraction"].mean) == pytest.approx(float(largest), abs=1e-10)
+    # without the invariance (a model's vector need not have it) the eigenvalue is reported
+    plain = observables_of_vector(hamiltonian, ground)
+    assert plain["condensate_fraction"] is plain["condensate_fraction_max_eigenvalue"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("single_thread")
+def test_the_k0_condensate_fraction_is_unbiased_where_the_largest_eigenvalue_is_not():
+    # deep in the Mott phase the eigenvalues of ρ lie close together: those of a noisy ρ
+    # spread, and the largest one sits above the truth; ρ(k = 0)/N is linear in ρ
+    hamiltonian = BoseHubbard(Lattice((6,)), U=20.0, n_particles=6)
+    _, ground = exact_ground_state(hamiltonian)
+    truth = float(observables_of_vector(hamiltonian, ground, True)["condensate_fraction"].mean)
+    model = LookupTable.from_vector(hamiltonian.hilbert, np.abs(ground))
+    k0, largest = [], []
+    for seed in range(200):
+        sampler = MetropolisSampler(hamiltonian, n_samples=64, n_chains=16, n_discard=60, seed=seed)
+        measured = boson_observables(
+            hamiltonian, model, sampler.sample(model), translation_invariant=True
+        )
+        k0.append(float(measured["condensate_fraction"].mean))
+        largest.append(float(measured["condensate_fraction_max_eigenvalue"].mean))
+
+    def bias_in_standard_errors(values):
+        return (np.mean(values) - truth) / (np.std(values, ddof=1) / np.sqrt(len(values)))
+
+    # measured: k0 −0.3, largest eigenvalue +5.3 standard errors (200 runs of 64 samples)
+    assert abs(bias_in_standard_errors(k0)) < 3
+    assert bias_in_standard_errors(largest) > 3

@@ -148,11 +148,19 @@ def _spin_correlation_values(model, x, log_psi, sign, chunk_size) -> torch.Tenso
     return corr
 
 
-def boson_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[str, Estimate]:
+def boson_observables(
+    hamiltonian, model, samples, *, chunk_size=None, translation_invariant=False
+) -> dict[str, Estimate]:
     """Returns ``densities`` ``(N,)``, ``density_correlations`` ``⟨n_i n_j⟩`` ``(N, N)``,
-    ``one_body_density_matrix`` ``⟨b_i† b_j⟩`` ``(N, N)`` complex, and
-    ``condensate_fraction`` (largest eigenvalue of ``⟨b_i† b_j⟩`` over the particle number;
-    error by leave-one-chain-out jackknife)."""
+    ``one_body_density_matrix`` ``⟨b_i† b_j⟩`` ``(N, N)`` complex, the condensate fraction by
+    `condensate_estimators` (``condensate_fraction``, and beside it
+    ``condensate_fraction_max_eigenvalue``, the largest eigenvalue of ``ρ`` over N with a
+    leave-one-chain-out jackknife error).
+
+    Args:
+        translation_invariant: ψ is invariant under every lattice translation (averaged over
+            them), which makes ``ρ(k = 0)/N`` the condensate fraction.
+    """
     n_max = hamiltonian.hilbert.n_max
 
     def local_values(x, log_psi, chunk):
@@ -167,11 +175,33 @@ def boson_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[s
     error = 0.0
     if not exact:  # leave-one-chain-out over the chains of every rank
         error = _jackknife_error(gather_rows(chain_means[2]).cpu().numpy(), n_particles)
+    largest = Estimate(np.asarray(fraction), np.asarray(error))
+    # linear in ρ: the chains' own values give the mean and its error
+    k0 = _estimate(chain_means[2].sum(dim=(1, 2)).real / (hamiltonian.n_sites * n_particles), exact)
     return {
         "densities": densities,
         "density_correlations": density_corr,
         "one_body_density_matrix": rho,
-        "condensate_fraction": Estimate(np.asarray(fraction), np.asarray(error)),
+        **condensate_estimators(hamiltonian, largest, k0, translation_invariant),
+    }
+
+
+def condensate_estimators(
+    hamiltonian, largest: Estimate, k0: Estimate, translation_invariant: bool
+) -> dict[str, Estimate]:
+    """Returns ``condensate_fraction`` and ``condensate_fraction_max_eigenvalue``.
+
+    The condensate fraction is the largest eigenvalue of ``ρ_ij = ⟨b_i† b_j⟩`` over N. Of a
+    sampled ρ that eigenvalue is biased upward (noise spreads the spectrum; the maximum of
+    noisy eigenvalues lies above the true one). For a translation-invariant ψ with J > 0 the
+    condensate occupies k = 0 and the fraction is ``ρ(k = 0)/N = Σ_ij ρ_ij / (L N)``, linear
+    in ρ and so unbiased: that is ``condensate_fraction`` then; otherwise it is the largest
+    eigenvalue, which is always reported beside it for comparison.
+    """
+    applies = translation_invariant and hamiltonian.lattice.pbc and hamiltonian.J > 0
+    return {
+        "condensate_fraction": k0 if applies else largest,
+        "condensate_fraction_max_eigenvalue": largest,
     }
 
 
@@ -215,10 +245,13 @@ def condensate_fraction(one_body_density_matrix: np.ndarray, n_particles: int) -
 
 
 # ------------------------------------------------------------ from a vector
-def observables_of_vector(hamiltonian, vector: np.ndarray) -> dict[str, Estimate]:
+def observables_of_vector(
+    hamiltonian, vector: np.ndarray, translation_invariant: bool = False
+) -> dict[str, Estimate]:
     """Returns the observables of `spin_observables` (a `Heisenberg`) or `boson_observables`
     (a `BoseHubbard`), with zero errors, of a state vector over the sector in ``all_states``
-    order (the ED ground state, or a model's amplitudes under the full sum)."""
+    order (the ED ground state, or a model's amplitudes under the full sum);
+    ``translation_invariant`` as in `boson_observables`."""
     hilbert, lattice = hamiltonian.hilbert, hamiltonian.lattice
     if isinstance(hamiltonian, Heisenberg):
         corr = exact_spin_correlations(hilbert, lattice, vector, hamiltonian.sign_rule)
@@ -229,9 +262,14 @@ def observables_of_vector(hamiltonian, vector: np.ndarray) -> dict[str, Estimate
             "densities": exact_densities(hilbert, vector),
             "density_correlations": exact_density_correlations(hilbert, vector),
             "one_body_density_matrix": rho,
-            "condensate_fraction": np.asarray(condensate_fraction(rho, hilbert.n_particles)),
         }
-    return {name: Estimate(value, np.zeros(np.shape(value))) for name, value in values.items()}
+    estimates = {name: Estimate(value, np.zeros(np.shape(value))) for name, value in values.items()}
+    if isinstance(hamiltonian, Heisenberg):
+        return estimates
+    n = hilbert.n_particles
+    largest = Estimate(np.asarray(condensate_fraction(rho, n)), np.asarray(0.0))
+    k0 = Estimate(np.asarray(np.sum(rho).real / (hilbert.n_sites * n)), np.asarray(0.0))
+    return estimates | condensate_estimators(hamiltonian, largest, k0, translation_invariant)
 
 
 def _vector_and_norm(vector: np.ndarray) -> tuple[np.ndarray, float]:

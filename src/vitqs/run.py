@@ -1025,14 +1025,17 @@ def final_discard(config: Config, sampler) -> int:
 def _observables(run: Run, model, samples, sampler) -> dict:
     ham = run.hamiltonian
     chunk = run.config.sampler.chunk_size
+    invariant = _translation_invariant(model, ham.lattice)
     if isinstance(sampler, ExactSampler):  # every state's amplitude is known: direct sums
         log_psi = samples.log_psi.reshape(-1).cpu().numpy().astype(np.complex128)
         vector = np.exp(log_psi - log_psi.real.max())
-        measured = observables.observables_of_vector(ham, vector)
+        measured = observables.observables_of_vector(ham, vector, invariant)
     elif isinstance(ham, Heisenberg):
         measured = observables.spin_observables(ham, model, samples, chunk_size=chunk)
     else:
-        measured = observables.boson_observables(ham, model, samples, chunk_size=chunk)
+        measured = observables.boson_observables(
+            ham, model, samples, chunk_size=chunk, translation_invariant=invariant
+        )
     values = {}
     for name, estimate in measured.items():
         values[name] = np.asarray(estimate.mean)
@@ -1040,6 +1043,13 @@ def _observables(run: Run, model, samples, sampler) -> dict:
             values[f"{name}_error"] = np.asarray(estimate.error)
     values.update(_exact_observables(run))
     return values
+
+
+def _translation_invariant(model, lattice) -> bool:
+    """Returns whether ``model`` is invariant under every translation of a periodic lattice
+    for any parameters (averaged over them, or over the space group)."""
+    symmetries = {tuple(perm) for perm in invariances(model, lattice)[0]}
+    return lattice.pbc and all(tuple(shift) in symmetries for shift in lattice.translations)
 
 
 # Sectors up to this size also get the observables of the exact ground state: on state codes
@@ -1058,8 +1068,8 @@ def _exact_observables(run: Run) -> dict:
     solved = exact_ground_state(
         run.config, run.hamiltonian, use_cache=run.use_cache, return_vector=True
     )
-    vector = solved.vector
-    measured = observables.observables_of_vector(run.hamiltonian, vector)
+    # the ground state of a periodic lattice is translation invariant (non-degenerate)
+    measured = observables.observables_of_vector(run.hamiltonian, solved.vector, True)
     return {f"exact_{name}": np.asarray(estimate.mean) for name, estimate in measured.items()}
 
 

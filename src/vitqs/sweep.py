@@ -244,6 +244,9 @@ def _row(point: dict, record) -> dict:
         row["condensate_fraction"] = float(np.real(obs["condensate_fraction"]))
         if "condensate_fraction_error" in obs:
             row["condensate_fraction_error"] = float(obs["condensate_fraction_error"])
+        if "condensate_fraction_max_eigenvalue" in obs:  # the biased estimate, for comparison
+            largest = obs["condensate_fraction_max_eigenvalue"]
+            row["condensate_fraction_max_eigenvalue"] = float(np.real(largest))
         if "exact_condensate_fraction" in obs:
             row["exact_condensate_fraction"] = float(np.real(obs["exact_condensate_fraction"]))
     if "structure_factor" in obs:
