@@ -148,3 +148,27 @@ def test_by_probability_of_a_run_against_dense_ed(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"tiny_bh: infidelity {table['infidelity']:.3e}" in printed
     assert printed.count("| 1e") == len(table["rows"])
+
+
+def test_repeated_final_measurements_of_a_trained_averaged_run(tmp_path):
+    # scripts/final_bias.py: the steps' distribution (|ψ|^1.25 of the last iterate) first,
+    # then the final state (averaged, translation-averaged, |ψ|²) with each discard
+    spec = importlib.util.spec_from_file_location("final_bias", SCRIPT.parent / "final_bias.py")
+    final_bias = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(final_bias)
+    data = tiny_heisenberg(
+        tmp_path / "out",
+        lattice={"shape": [8], "pbc": True},
+        sampler={"machine_pow": 1.25},
+        optimizer={"n_iter": 10, "average_from": 0.5},
+        final={"symmetrize": "translations", "n_samples": 512},
+    )
+    summary = run_config(from_dict(data), progress=False)
+    found = final_bias.repeated_finals(Path(summary["results_file"]), 4, [0, 16], 5)
+    enumerated = _script().state_energy(Path(summary["results_file"]), max_dim=10_000)
+    assert found["enumerated"] == pytest.approx(enumerated["enumerated"], rel=1e-12)
+    assert found["default"] == 32  # 512 final samples: 8 batches of 4 per chain (64 in 16)
+    for discard, values in found["measured"].items():
+        energies, errors = np.array(values).T
+        assert len(energies) == 4 and len(set(energies)) == 4, discard  # distinct streams
+        assert np.all(np.abs(energies - found["enumerated"]) < 5 * errors), discard
