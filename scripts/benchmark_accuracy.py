@@ -199,6 +199,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
         "variance": summary["variance"],
         "e_inf": build_hamiltonian(config).infinite_temperature_energy(),
         "n_sites": config.n_sites,
+        "machine": machine(),
         "results_file": str(results_file),
         "curve_seconds": seconds.tolist(),
         "curve_relative_error": _relative(energy, exact),
@@ -355,6 +356,7 @@ def netket_row(started) -> dict:
         "variance": result["variance"],
         "e_inf": spec["options"]["e_inf"],
         "n_sites": None,
+        "machine": machine(),
         # per-step times are not returned: compile time on the first step, then the median
         "curve_seconds": [compile_s + per_iter * (i + 1) for i in range(n_done)],
         "curve_relative_error": _relative(result["energy_history"], exact_energy),
@@ -517,6 +519,23 @@ def render_table(rows: list[dict], label_key: str) -> str:
     return "\n".join(lines)
 
 
+def render_machines(rows: list[dict]) -> str:
+    """Returns which CPU each row (and its netket peer) ran on, from the rows themselves:
+    rows are run at different times, so the machine of the latest invocation says nothing of
+    the others. A GPU row names its device in the table instead."""
+    runs: dict[str, list[str]] = {}
+    for row in rows:
+        for entry in [row, *row.get("peers", [])]:
+            if entry.get("device"):
+                continue
+            label = f"{row.get('label', row['system'])} ({entry['engine']})"
+            runs.setdefault(entry.get("machine", "not recorded"), []).append(label)
+    usual = max(runs, key=lambda name: len(runs[name]))  # the machine most rows ran on
+    others = [f"{', '.join(labels)} on {name}" for name, labels in runs.items() if name != usual]
+    text = f"Machine: {usual} for every CPU row"
+    return text + (f" but {'; '.join(others)}." if others else ".")
+
+
 def replace_block(text: str, name: str, block: str) -> str:
     """Returns ``text`` with the marked block ``name`` replaced (appended if missing)."""
     begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
@@ -578,7 +597,7 @@ def write_report(output: Path, rows_dir: Path) -> None:
     if ablation:
         text = replace_block(text, "ablation-table", render_table(ablation, "label"))
         plot_curves(ablation, output.parent / "ablation_vs_time.png", "Bose-Hubbard ablation")
-    text = replace_block(text, "machine", f"Machine: {machine()}.")
+    text = replace_block(text, "machine", render_machines([*accuracy, *ablation]))
     _write_atomic(output, text)
 
 

@@ -32,13 +32,18 @@ from vitqs.sr import set_parameter_vector  # noqa: E402
 from vitqs.vmc import draw_samples, sample_local_energy, sample_statistics  # noqa: E402
 
 
-def repeated_finals(path: Path, repeats: int, discards: list[int], steps_sweeps: int) -> dict:
-    """Returns ``{discard: [(E, σ), …]}`` over ``repeats`` repetitions, and the enumerated
-    energy and the run's own default discard."""
+def repeated_finals(
+    path: Path, repeats: int, discards: list[int], steps_sweeps: int, n_samples=None
+) -> dict:
+    """Returns ``{discard: [(E, σ), …]}`` over ``repeats`` repetitions of ``n_samples`` final
+    samples (None: the run's ``final.n_samples``), and the enumerated energy and the run's
+    own default discard for that many."""
     run = _enumerable_run(path, max_dim=2_000_000, symmetrize=None)
     if run is None:
         raise SystemExit(f"{path}: not a finished run with an enumerable sector")
     record, config, hamiltonian = run
+    if n_samples is not None:
+        config.final.n_samples = n_samples
     state = results.load_checkpoint(record)
     enumerated = _enumerated_energy(config, hamiltonian, state["model"])
     final_model = _final_model(config, hamiltonian, state["model"])
@@ -73,8 +78,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--discards", type=int, nargs="+", default=[2, 32])
     parser.add_argument("--steps-sweeps", type=int, default=20, help="sweeps in |ψ|^p first")
+    parser.add_argument("--n-samples", type=int, default=None, help="final samples (the run's)")
     args = parser.parse_args(argv)
-    found = repeated_finals(args.results_file, args.repeats, args.discards, args.steps_sweeps)
+    found = repeated_finals(
+        args.results_file, args.repeats, args.discards, args.steps_sweeps, args.n_samples
+    )
     exact = found["enumerated"]
     print(
         f"enumerated energy of the final state: {exact:.10f}; run default discard "

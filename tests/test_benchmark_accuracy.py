@@ -266,3 +266,25 @@ def test_goals_table_marks_full_sums_and_judges_mc_rows_not_their_enumeration():
     assert cells[0][2] == "+3.1e-06 ± 5.2e-06" and cells[0][3] == "1.4e-05"
     assert cells[1][4].startswith("does not count: full sum")
     assert cells[2][0] == "| heisenberg_4x4" and cells[2][4] == "**yes**"  # 3.1e-6 + 2e-7 ≤ 1e-5
+
+
+def test_the_machine_line_comes_from_the_rows_not_from_the_latest_invocation():
+    # rows are run at different times: re-rendering on another machine once wrote that
+    # machine for every row
+    bench = _script("benchmark_accuracy")
+    xeon, epyc = "Xeon (2 cores)", "EPYC (2 cores)"
+    rows = [
+        {
+            **_row("vitqs", 1e-3),
+            "machine": xeon,
+            "peers": [{**_row("netket", 1e-2), "machine": xeon}],
+        },
+        {**_row("vitqs", 1e-3), "system": "u10", "machine": epyc},
+        {**_row("vitqs", 1e-3), "system": "gpu", "device": "H200"},  # named in the table
+        {**_row("vitqs", 1e-3), "system": "old", "machine": xeon},
+    ]
+    assert (
+        bench.render_machines(rows)
+        == f"Machine: {xeon} for every CPU row but u10 (vitqs) on {epyc}."
+    )
+    assert bench.render_machines(rows[:1]) == f"Machine: {xeon} for every CPU row."
