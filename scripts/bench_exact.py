@@ -14,9 +14,9 @@ import json
 import platform
 import time
 
-from vitqs import exact
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
 
 ROWS = {
     "heisenberg_4x4": {"shape": (4, 4), "kind": "heisenberg"},

@@ -28,8 +28,8 @@ from state_energy import _enumerable_run, _enumerated_energy, _final_model  # no
 
 from vitqs import results  # noqa: E402
 from vitqs.run import build_network, build_sampler, final_discard  # noqa: E402
-from vitqs.sr import set_parameter_vector  # noqa: E402
-from vitqs.vmc import draw_samples, sample_local_energy, sample_statistics  # noqa: E402
+from vitqs.vmc.driver import draw_samples, sample_local_energy, sample_statistics  # noqa: E402
+from vitqs.vmc.sr import set_parameter_vector  # noqa: E402
 
 
 def repeated_finals(

@@ -26,7 +26,7 @@ What a NetKet user would run (NetKet 3.23):
 - driver: ``nk.driver.VMC_SR`` (3.23's replacement of ``netket.experimental.driver.VMC_SRt``),
   ``use_ntk=True`` for the kernel/minSR form and ``False`` for plain SR, which NetKet documents
   as identical to ``VMC`` with ``nk.optimizer.SR(solver=cholesky_with_fallback)``; optimizer
-  ``nk.optimizer.Sgd(lr)``. ``method="auto"`` uses our rule (``vitqs.sr.natural_gradient``):
+  ``nk.optimizer.Sgd(lr)``. ``method="auto"`` uses our rule (``vitqs.vmc.sr.natural_gradient``):
   kernel form when the 2·n_samples stacked real/imaginary rows are fewer than the parameters.
 
 Run ``python scripts/netket_peer.py --system heisenberg_chain16 --n-iter 20`` for a JSON line.
@@ -527,7 +527,7 @@ def _sector(hilbert, hamiltonian, max_dim: int):
     n_particles = getattr(hilbert, "n_particles", None)
     if not isinstance(hilbert, nk.hilbert.Fock) or n_particles is None:
         return None
-    from vitqs.hilbert import Bosons
+    from vitqs.physics.hilbert import Bosons
 
     sector = Bosons(hilbert.size, n_particles, hilbert.n_max)
     if sector.dimension > max_dim:

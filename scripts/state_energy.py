@@ -35,13 +35,14 @@ import numpy as np
 import torch
 import yaml
 
-from vitqs import exact, results
+from vitqs import results
 from vitqs.config import from_dict
 from vitqs.models.symmetrize import FINAL_SYMMETRIZE, final_symmetrized
+from vitqs.physics import exact
 from vitqs.run import build_hamiltonian, build_network
-from vitqs.sampler import ExactSampler
-from vitqs.sr import set_parameter_vector
-from vitqs.vmc import final_estimate
+from vitqs.vmc.driver import final_estimate
+from vitqs.vmc.sampler import ExactSampler
+from vitqs.vmc.sr import set_parameter_vector
 
 
 def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dict | None:

@@ -15,8 +15,12 @@ from pathlib import Path
 
 import torch
 
-from vitqs import distributed, observables
-from vitqs.estimators import (
+from vitqs import distributed
+from vitqs.models.jastrow import Jastrow
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc import observables
+from vitqs.vmc.estimators import (
     gather_rows,
     importance_statistics,
     importance_weights,
@@ -24,11 +28,8 @@ from vitqs.estimators import (
     statistics,
     world_size,
 )
-from vitqs.lattice import Lattice
-from vitqs.models.jastrow import Jastrow
-from vitqs.operators import BoseHubbard, Heisenberg
-from vitqs.sampler import Samples
-from vitqs.sr import clip_local_energy, energy_gradient, natural_gradient, parameter_vector
+from vitqs.vmc.sampler import Samples
+from vitqs.vmc.sr import clip_local_energy, energy_gradient, natural_gradient, parameter_vector
 
 N_CHAINS, N_PER_CHAIN, N_PARAMS = 8, 16, 40
 # the weighted rows split unevenly, as distinct configurations do between ranks

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
 
 
 @pytest.fixture(autouse=True)

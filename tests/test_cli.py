@@ -14,9 +14,9 @@ from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixt
     write_config,
 )
 
-from vitqs import exact
-from vitqs.lattice import Lattice
-from vitqs.operators import Heisenberg
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import Heisenberg
 
 HEISENBERG_4X4 = {
     "lattice": {"shape": [4, 4], "pbc": True},

@@ -29,9 +29,10 @@ from _shell_helpers import (
     write_config,
 )
 
-from vitqs import exact, results
-from vitqs.lattice import Lattice
-from vitqs.operators import Heisenberg
+from vitqs import results
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import Heisenberg
 
 WORKER = Path(__file__).with_name("_distributed_worker.py")
 N_RANKS = 2

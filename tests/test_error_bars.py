@@ -18,16 +18,16 @@ import pytest
 import torch
 from _vmc_helpers import ComplexRBM, single_thread  # noqa: F401 (a fixture, used by name)
 
-from vitqs.estimators import (
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import Heisenberg
+from vitqs.vmc.estimators import (
     importance_statistics,
     importance_weights,
     integrated_time,
     local_energy,
     statistics,
 )
-from vitqs.lattice import Lattice
-from vitqs.operators import Heisenberg
-from vitqs.sampler import MetropolisSampler
+from vitqs.vmc.sampler import MetropolisSampler
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny tensors: no thread hand-offs
 

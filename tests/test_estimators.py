@@ -8,7 +8,9 @@ import pytest
 import torch
 from _vmc_helpers import ComplexRBM, LookupTable, exact_ground_state, model_vector
 
-from vitqs.estimators import (
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.estimators import (
     distinct_rows,
     evaluate_log_psi,
     importance_statistics,
@@ -17,9 +19,7 @@ from vitqs.estimators import (
     sample_mean,
     statistics,
 )
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
-from vitqs.sampler import ExactSampler
+from vitqs.vmc.sampler import ExactSampler
 
 HAMILTONIANS = {
     "heisenberg_chain": lambda: Heisenberg(Lattice((6,))),
@@ -239,7 +239,7 @@ def test_complex_values_give_variance_of_the_modulus():
 def test_forward_passes_are_bounded_without_a_chunk_size(monkeypatch):
     # final measurements of symmetrized models once went through the network in one pass of
     # millions of rows; without a chunk size the batch per pass is bounded
-    import vitqs.estimators as estimators
+    import vitqs.vmc.estimators as estimators
 
     monkeypatch.setattr(estimators, "DEFAULT_CHUNK_SIZE", 7)
     hamiltonian = Heisenberg(Lattice((6,)))

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from vitqs import exact
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
 
 
 def test_heisenberg_chain_8_matches_the_bethe_ansatz_value():

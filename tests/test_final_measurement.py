@@ -10,15 +10,16 @@ import yaml
 from _shell_helpers import tiny_heisenberg
 from _vmc_helpers import LookupTable
 
-from vitqs import exact, results
+from vitqs import results
 from vitqs.cli import main
 from vitqs.config import ConfigError, from_dict, singlet_spin_flip
-from vitqs.estimators import statistics
-from vitqs.lattice import Lattice
-from vitqs.operators import Heisenberg
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import Heisenberg
 from vitqs.run import final_discard, run_config
-from vitqs.sampler import ExactSampler, MetropolisSampler
-from vitqs.vmc import draw_samples, sample_local_energy
+from vitqs.vmc.driver import draw_samples, sample_local_energy
+from vitqs.vmc.estimators import statistics
+from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 
 
 def test_repeated_final_measurements_agree_with_the_enumerated_energy():

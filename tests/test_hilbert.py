@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitqs.hilbert import Bosons, SpinHalf
+from vitqs.physics.hilbert import Bosons, SpinHalf
 
 
 def _brute_force(local, n_sites, keep):

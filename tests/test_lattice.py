@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vitqs.lattice import Lattice
+from vitqs.physics.lattice import Lattice
 
 
 def _bond_set(bonds):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from vitqs import exact
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
 
 nk = pytest.importorskip("netket")
 pytestmark = pytest.mark.netket

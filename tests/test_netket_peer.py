@@ -17,10 +17,10 @@ import pytest
 nk = pytest.importorskip("netket")
 jax = pytest.importorskip("jax")
 
-from vitqs.exact import ground_state  # noqa: E402
-from vitqs.hilbert import Bosons  # noqa: E402
-from vitqs.lattice import Lattice  # noqa: E402
-from vitqs.operators import BoseHubbard, Heisenberg  # noqa: E402
+from vitqs.physics.exact import ground_state  # noqa: E402
+from vitqs.physics.hilbert import Bosons  # noqa: E402
+from vitqs.physics.lattice import Lattice  # noqa: E402
+from vitqs.physics.operators import BoseHubbard, Heisenberg  # noqa: E402
 
 pytestmark = pytest.mark.netket
 

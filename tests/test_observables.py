@@ -10,9 +10,8 @@ from _vmc_helpers import (  # single_thread: a fixture, used by name
     single_thread,  # noqa: F401
 )
 
-from vitqs.lattice import Lattice
-from vitqs.observables import (
-    boson_observables,
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.observables import (
     condensate_fraction,
     exact_densities,
     exact_density_correlations,
@@ -20,11 +19,11 @@ from vitqs.observables import (
     exact_spin_correlations,
     momenta,
     observables_of_vector,
-    spin_observables,
     structure_factor,
 )
-from vitqs.operators import BoseHubbard, Heisenberg
-from vitqs.sampler import ExactSampler, MetropolisSampler
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.observables import boson_observables, spin_observables
+from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 
 SPIN_CASES = {
     "chain": lambda: Heisenberg(Lattice((6,))),

@@ -8,9 +8,9 @@ import scipy.sparse as sp
 import torch
 
 from tests.conftest import TINY
-from vitqs.hilbert import SpinHalf
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.physics.hilbert import SpinHalf
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
 
 # ---- an independent reference: Kronecker products in the full space, then the sector ----
 

@@ -10,14 +10,15 @@ from _vmc_helpers import ComplexRBM
 
 from vitqs import results
 from vitqs.config import ModelConfig, from_dict
-from vitqs.estimators import statistics
-from vitqs.lattice import Lattice
 from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT, build_model, invariances
 from vitqs.models.symmetrize import coset_translations
-from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.physics.symmetry import sector_orbits
 from vitqs.run import run_config
-from vitqs.sampler import ExactSampler, sector_orbits
-from vitqs.sr import log_derivatives, natural_gradient
+from vitqs.vmc.estimators import statistics
+from vitqs.vmc.sampler import ExactSampler
+from vitqs.vmc.sr import log_derivatives, natural_gradient
 
 
 def _orbits_by_hand(hilbert, translations, spin_flip):

@@ -359,9 +359,9 @@ def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetri
     # full sum: the final energy must be exactly <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained ViT
     # averaged over all 8 translations (and the 8 reflections), rebuilt here from the
     # checkpoint, independently of the cosets the code averages over
-    from vitqs.lattice import Lattice
     from vitqs.models import Symmetrized
-    from vitqs.observables import exact_spin_correlations
+    from vitqs.physics.lattice import Lattice
+    from vitqs.physics.observables import exact_spin_correlations
     from vitqs.run import build_hamiltonian, build_network
 
     data = tiny_heisenberg(
@@ -395,7 +395,7 @@ def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetri
 def test_final_state_is_the_mean_of_the_late_iterates(tmp_path):
     # full sum: the final energy must be the Rayleigh quotient of the averaged parameters
     from vitqs.run import build_hamiltonian, build_network
-    from vitqs.sr import set_parameter_vector
+    from vitqs.vmc.sr import set_parameter_vector
 
     data = tiny_heisenberg(
         tmp_path / "out",
@@ -449,7 +449,7 @@ def test_annealed_run_starts_on_the_first_hamiltonian_and_ends_on_the_config_s(t
     # full sum, U annealed 1 -> 4 over half of 6 steps: step 0's energy is the Rayleigh
     # quotient of the initial ViT under H(U = 1), built here independently; the steps after
     # anneal_until, and the final energy, are those of H(U = 4)
-    from vitqs.operators import BoseHubbard
+    from vitqs.physics.operators import BoseHubbard
     from vitqs.run import Anneal, build_hamiltonian, build_vmc
 
     data = tiny_bose_hubbard(
@@ -573,8 +573,8 @@ def test_init_from_starts_from_the_earlier_run_s_final_state_averaged_or_not(tmp
     # full sum: the first step's energy is that of the state the run starts from. A bare
     # run's final network, averaged over translations by the next run, must give the
     # Rayleigh quotient of that average, rebuilt here from the first run's checkpoint
-    from vitqs.lattice import Lattice
     from vitqs.models import Symmetrized
+    from vitqs.physics.lattice import Lattice
     from vitqs.run import build_hamiltonian, build_network
 
     sections = {"lattice": {"shape": [8], "pbc": True}, "sampler": {"kind": "full_sum"}}
@@ -645,8 +645,8 @@ def test_final_spin_flip_measures_the_projected_average(tmp_path):
     # full sum: a bare-trained network measured averaged over translations and projected
     # on spin inversion +1 (the sector of the 8-site ring's ground state): the final energy
     # is the Rayleigh quotient of that projection, rebuilt here from the checkpoint
-    from vitqs.lattice import Lattice
     from vitqs.models import Symmetrized
+    from vitqs.physics.lattice import Lattice
     from vitqs.run import build_hamiltonian, build_network
 
     data = tiny_heisenberg(
@@ -729,6 +729,6 @@ def test_no_cache_solves_ed_without_reading_or_writing_the_cache(tmp_path, capsy
 
 
 def exact_cache_dir():
-    from vitqs.exact import default_cache_dir
+    from vitqs.physics.exact import default_cache_dir
 
     return default_cache_dir()

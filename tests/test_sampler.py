@@ -6,9 +6,9 @@ import torch
 from _vmc_helpers import ComplexRBM, model_vector, single_thread  # noqa: F401
 from scipy.stats import chisquare
 
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
-from vitqs.sampler import ExactSampler, MetropolisSampler
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 
 # A histogram is rejected below this p-value; seeds are fixed, so the test is deterministic.
 P_VALUE_THRESHOLD = 1e-3

@@ -5,13 +5,13 @@ import pytest
 import torch
 from _vmc_helpers import ComplexRBM
 
-from vitqs.estimators import local_energy
-from vitqs.lattice import Lattice
 from vitqs.models import ViT
 from vitqs.models.symmetrize import Symmetrized
-from vitqs.operators import BoseHubbard, Heisenberg
-from vitqs.sampler import ExactSampler
-from vitqs.sr import (
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.estimators import local_energy
+from vitqs.vmc.sampler import ExactSampler
+from vitqs.vmc.sr import (
     Adam,
     Schedule,
     clip_local_energy,

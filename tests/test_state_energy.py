@@ -11,8 +11,8 @@ from _shell_helpers import keep_torch_threads, tiny_heisenberg  # noqa: F401
 
 from vitqs import results
 from vitqs.config import from_dict
-from vitqs.lattice import Lattice
 from vitqs.models import Symmetrized
+from vitqs.physics.lattice import Lattice
 from vitqs.run import build_hamiltonian, build_network, run_config
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "state_energy.py"
@@ -60,7 +60,7 @@ def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_pat
 
 
 def test_an_averaged_run_also_reports_its_last_iterate(tmp_path):
-    from vitqs.sr import set_parameter_vector
+    from vitqs.vmc.sr import set_parameter_vector
 
     data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 6, "average_from": 0.5})
     config = from_dict(data)

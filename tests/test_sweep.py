@@ -20,9 +20,10 @@ from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixt
     write_config,
 )
 
-from vitqs import exact, results, sweep
+from vitqs import results, sweep
 from vitqs.config import from_dict
-from vitqs.observables import condensate_fraction, exact_one_body_density_matrix
+from vitqs.physics import exact
+from vitqs.physics.observables import condensate_fraction, exact_one_body_density_matrix
 from vitqs.run import build_hamiltonian, run_config
 
 

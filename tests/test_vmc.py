@@ -9,26 +9,10 @@ from _shell_helpers import tiny_bose_hubbard, tiny_heisenberg
 from _vmc_helpers import ComplexRBM, exact_ground_state, single_thread  # noqa: F401
 
 from vitqs.config import from_dict
-from vitqs.estimators import (
-    evaluate_log_psi,
-    importance_weights,
-    local_energy,
-    statistics,
-)
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.run import build_vmc
-from vitqs.sampler import ExactSampler, MetropolisSampler, Samples
-from vitqs.sr import (
-    Adam,
-    clip_local_energy,
-    energy_gradient,
-    force,
-    log_derivatives,
-    natural_gradient,
-    parameter_vector,
-)
-from vitqs.vmc import (
+from vitqs.vmc.driver import (
     VMC,
     NonFiniteEnergyError,
     OptimizerSettings,
@@ -36,6 +20,22 @@ from vitqs.vmc import (
     optimize,
     sample_local_energy,
     sample_statistics,
+)
+from vitqs.vmc.estimators import (
+    evaluate_log_psi,
+    importance_weights,
+    local_energy,
+    statistics,
+)
+from vitqs.vmc.sampler import ExactSampler, MetropolisSampler, Samples
+from vitqs.vmc.sr import (
+    Adam,
+    clip_local_energy,
+    energy_gradient,
+    force,
+    log_derivatives,
+    natural_gradient,
+    parameter_vector,
 )
 
 
@@ -163,7 +163,7 @@ def test_nan_guard_stops_with_an_error_naming_the_step_and_last_energy():
 
 
 def test_non_finite_update_is_not_applied(monkeypatch):
-    import vitqs.vmc as vmc_module
+    import vitqs.vmc.driver as vmc_module
 
     hamiltonian = Heisenberg(Lattice((4,)))
     model = ComplexRBM(4, seed=7)
@@ -556,7 +556,7 @@ def _trust_bound_vmc(ratio):
 
 @pytest.mark.usefixtures("single_thread")
 def test_trust_bound_shortens_long_steps_to_a_multiple_of_the_recent_median():
-    from vitqs.vmc import UPDATE_MIN_HISTORY, UPDATE_WINDOW
+    from vitqs.vmc.driver import UPDATE_MIN_HISTORY, UPDATE_WINDOW
 
     ratio = 1.2  # tight, so that a Monte Carlo run of 40 steps has steps to shorten
     model, vmc = _trust_bound_vmc(ratio)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from vitqs import results
-from vitqs.estimators import statistics
-from vitqs.hilbert import Bosons, placements
-from vitqs.lattice import Lattice
-from vitqs.operators import BoseHubbard, Heisenberg
+from vitqs.physics.hilbert import Bosons, placements
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.estimators import statistics
 
 
 @pytest.mark.parametrize(

@@ -21,13 +21,13 @@ import torch
 
 from vitqs.config import Config
 from vitqs.run import build_vmc
-from vitqs.vmc import VMC
+from vitqs.vmc.driver import VMC
 
 PHASES = ("sampling", "local_energy", "jacobian", "solve", "other")
 
 
 def method_used(method: str, n_samples: int, n_params: int) -> str:
-    """Returns the solve ``vitqs.sr.natural_gradient`` picks: kernel when ``2 N_s < P``."""
+    """Returns the solve ``vitqs.vmc.sr.natural_gradient`` picks: kernel when ``2 N_s < P``."""
     if method != "auto":
         return method
     return "minsr" if 2 * n_samples < n_params else "sr"

@@ -3,7 +3,7 @@
 ``torchrun --nproc-per-node K -m vitqs run config.yaml`` starts K copies of the command; each
 becomes one rank of a process group (NCCL between GPUs, gloo on CPU), with its own share of
 the Metropolis chains and one GPU of its node (``LOCAL_RANK``). The physics needs nothing
-more than the collectives in `vitqs.estimators` (sums, maxima and gathered rows over ranks):
+more than the collectives in `vitqs.vmc.estimators` (sums, maxima and gathered rows over ranks):
 every rank measures the energy of all samples and applies rank 0's update, so the parameters
 stay equal everywhere. What is left is the shell's business, here: the process group, which
 GPU a rank drives, parameters that start equal, and the decisions that must be taken once
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from vitqs.config import ConfigError
 from vitqs.errors import first_line
-from vitqs.estimators import broadcast_from_root, rank, reduce_max, world_size
+from vitqs.vmc.estimators import broadcast_from_root, rank, reduce_max, world_size
 
 DEFAULT_TIMEOUT = 600.0  # seconds; the config key distributed.timeout sets it per run
 

@@ -24,16 +24,17 @@ import numpy as np
 import torch
 import yaml
 
-from vitqs import distributed, exact, observables, results
+from vitqs import distributed, results
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict, parse_yaml
 from vitqs.errors import first_line
-from vitqs.estimators import statistics
-from vitqs.lattice import Lattice
 from vitqs.models import build_model, final_symmetrized, invariances, load_network_state
-from vitqs.operators import BoseHubbard, Heisenberg
-from vitqs.sampler import ExactSampler, MetropolisSampler, sector_orbits
-from vitqs.sr import set_parameter_vector
-from vitqs.vmc import (
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.observables import observables_of_vector
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.physics.symmetry import sector_orbits
+from vitqs.vmc import observables
+from vitqs.vmc.driver import (
     VMC,
     NonFiniteEnergyError,
     OptimizerSettings,
@@ -41,6 +42,9 @@ from vitqs.vmc import (
     n_batches,
     sample_local_energy,
 )
+from vitqs.vmc.estimators import statistics
+from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
+from vitqs.vmc.sr import set_parameter_vector
 
 # Keys a resumed run may change: they do not alter the trajectory already recorded.
 _RESUMABLE_CHANGES = (
@@ -1029,7 +1033,7 @@ def _observables(run: Run, model, samples, sampler) -> dict:
     if isinstance(sampler, ExactSampler):  # every state's amplitude is known: direct sums
         log_psi = samples.log_psi.reshape(-1).cpu().numpy().astype(np.complex128)
         vector = np.exp(log_psi - log_psi.real.max())
-        measured = observables.observables_of_vector(ham, vector, invariant)
+        measured = observables_of_vector(ham, vector, invariant)
     elif isinstance(ham, Heisenberg):
         measured = observables.spin_observables(ham, model, samples, chunk_size=chunk)
     else:
@@ -1069,7 +1073,7 @@ def _exact_observables(run: Run) -> dict:
         run.config, run.hamiltonian, use_cache=run.use_cache, return_vector=True
     )
     # the ground state of a periodic lattice is translation invariant (non-degenerate)
-    measured = observables.observables_of_vector(run.hamiltonian, solved.vector, True)
+    measured = observables_of_vector(run.hamiltonian, solved.vector, True)
     return {f"exact_{name}": np.asarray(estimate.mean) for name, estimate in measured.items()}
 
 

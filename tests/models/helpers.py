@@ -6,8 +6,8 @@ import types
 
 import torch
 
-from vitqs.hilbert import Bosons, SpinHalf
-from vitqs.lattice import Lattice
+from vitqs.physics.hilbert import Bosons, SpinHalf
+from vitqs.physics.lattice import Lattice
 
 
 def random_spins(n_states: int, n_sites: int, seed: int = 0) -> torch.Tensor:

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from vitqs.hilbert import Bosons, SpinHalf
-from vitqs.lattice import Lattice
 from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT, build_model
+from vitqs.physics.hilbert import Bosons, SpinHalf
+from vitqs.physics.lattice import Lattice
 
 from .helpers import CHAIN, SQUARE, model_config, random_bosons, random_spins
 

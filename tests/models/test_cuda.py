@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from vitqs.hilbert import SpinHalf
 from vitqs.models import build_model
+from vitqs.physics.hilbert import SpinHalf
 
 from .helpers import SQUARE, model_config, random_spins
 

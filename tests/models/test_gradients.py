@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from vitqs.lattice import Lattice
 from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT
+from vitqs.physics.lattice import Lattice
 
 from .helpers import random_bosons, random_spins
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitqs.lattice import Lattice
 from vitqs.models import Jastrow
+from vitqs.physics.lattice import Lattice
 
 from .helpers import random_bosons, random_spins
 
@@ -94,8 +94,8 @@ def test_boson_jastrow_starts_at_the_exact_free_boson_ground_state():
     # at U = 0 all N bosons sit in the k = 0 orbital: ψ(n) ∝ (N!/Π n_i!)^½, i.e. v = 0 and
     # u(n) = −½ log n!, the initial table; its local energy is −2 J N on a periodic chain for
     # every configuration (zero variance)
-    from vitqs.estimators import local_energy
-    from vitqs.operators import BoseHubbard
+    from vitqs.physics.operators import BoseHubbard
+    from vitqs.vmc.estimators import local_energy
 
     lattice = Lattice((5,))
     hamiltonian = BoseHubbard(lattice, 1.0, 0.0, 0.0, 4, None)

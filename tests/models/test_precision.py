@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from vitqs.hilbert import SpinHalf
 from vitqs.models import build_model
 from vitqs.models.precision import NetworkCopy
+from vitqs.physics.hilbert import SpinHalf
 
 from .helpers import CHAIN, model_config, random_spins
 

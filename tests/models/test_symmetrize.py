@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from vitqs.lattice import Lattice
 from vitqs.models import Jastrow, Symmetrized, ViT, complex_logsumexp, symmetrize_translations
+from vitqs.physics.lattice import Lattice
 
 from .helpers import random_spins
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from vitqs.lattice import Lattice
 from vitqs.models import ViT
 from vitqs.models.patching import PatchGrid
 from vitqs.models.vit import HEAD_INIT_STD
+from vitqs.physics.lattice import Lattice
 
 from .helpers import CHAIN, SQUARE, random_bosons, random_spins
 

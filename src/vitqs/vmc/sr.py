@@ -21,7 +21,7 @@ import torch
 from einops import rearrange
 from torch.func import functional_call, jacrev, vmap
 
-from vitqs.estimators import gather_rows, rank, reduce_sum, sample_mean, total_count, world_size
+from vitqs.vmc.estimators import gather_rows, rank, reduce_sum, sample_mean, total_count, world_size
 
 METHODS = ("auto", "sr", "minsr")
 SCHEDULES = ("constant", "exponential", "cosine")

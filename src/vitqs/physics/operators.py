@@ -19,8 +19,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from vitqs.hilbert import Bosons, SpinHalf
-from vitqs.lattice import Lattice
+from vitqs.physics.hilbert import Bosons, SpinHalf
+from vitqs.physics.lattice import Lattice
 
 # Rows of the sector handled at once while building a sparse matrix (bounds memory).
 _SPARSE_BLOCK = 1 << 19

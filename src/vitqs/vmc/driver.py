@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vitqs.estimators import (
+from vitqs.models.precision import NetworkCopy
+from vitqs.vmc.estimators import (
     Stats,
     broadcast_from_root,
     distinct_rows,
@@ -31,9 +32,8 @@ from vitqs.estimators import (
     reduce_sum,
     statistics,
 )
-from vitqs.models.precision import NetworkCopy
-from vitqs.sampler import ExactSampler, Samples
-from vitqs.sr import (
+from vitqs.vmc.sampler import ExactSampler, Samples
+from vitqs.vmc.sr import (
     METHODS,
     SCHEDULES,
     Adam,
