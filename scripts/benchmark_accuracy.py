@@ -159,8 +159,9 @@ def row_from_results(system: str, results_file: Path) -> dict:
     of this script, or one made elsewhere (``vitqs run`` on a GPU) and read back."""
     import torch
 
+    from vitqs.build import build_hamiltonian
     from vitqs.results import read_results, relative_error
-    from vitqs.run import build_hamiltonian, load_config_dict
+    from vitqs.run import load_config_dict
     from vitqs.run import summary as run_summary
 
     record = read_results(results_file)
@@ -279,8 +280,8 @@ def start_netket(
     """Starts the netket subprocess: with the config's ``threads`` (default 1), or pinned to
     core ``cpu`` with one thread if given; see `netket_row` for its result. Its trained state
     is enumerated when its sector has at most ``max_dim`` states."""
+    from vitqs.build import build_hamiltonian
     from vitqs.config import load
-    from vitqs.run import build_hamiltonian
 
     data = yaml.safe_load(config_path.read_text())
     threads = 1 if cpu is not None else int(data.get("threads") or 1)
@@ -679,8 +680,8 @@ def _side_by_side(
 ) -> dict:
     """Runs netket and vitqs at the same time, each process on a core of its own with one
     thread (whatever the config's ``threads``)."""
+    from vitqs.build import exact_ground_state
     from vitqs.config import load
-    from vitqs.run import exact_ground_state
 
     ground = exact_ground_state(load(path, [f"name={system}"]))  # the cached ED
     exact_energy = None if ground is None else ground.energy

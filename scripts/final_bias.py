@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from state_energy import _enumerable_run, _enumerated_energy, _final_model  # noqa: E402
 
 from vitqs import results  # noqa: E402
-from vitqs.run import build_network, build_sampler, final_discard  # noqa: E402
+from vitqs.build import build_network, build_sampler  # noqa: E402
+from vitqs.run import final_discard
 from vitqs.vmc.driver import draw_samples, sample_local_energy, sample_statistics  # noqa: E402
 from vitqs.vmc.sr import set_parameter_vector  # noqa: E402
 

@@ -36,10 +36,10 @@ import torch
 import yaml
 
 from vitqs import results
+from vitqs.build import build_hamiltonian, build_network
 from vitqs.config import from_dict
 from vitqs.models.symmetrize import FINAL_SYMMETRIZE, final_symmetrized
 from vitqs.physics import exact
-from vitqs.run import build_hamiltonian, build_network
 from vitqs.vmc.driver import final_estimate
 from vitqs.vmc.sampler import ExactSampler
 from vitqs.vmc.sr import set_parameter_vector

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vitqs import config as cfg
+from vitqs.build import build_hamiltonian, build_network, build_sampler, optimizer_settings
 from vitqs.config import ConfigError, apply_overrides, from_dict, load
-from vitqs.run import build_hamiltonian, build_network, build_sampler, optimizer_settings
 
 
 def _dotted_keys() -> set[str]:

@@ -359,10 +359,10 @@ def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetri
     # full sum: the final energy must be exactly <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained ViT
     # averaged over all 8 translations (and the 8 reflections), rebuilt here from the
     # checkpoint, independently of the cosets the code averages over
+    from vitqs.build import build_hamiltonian, build_network
     from vitqs.models import Symmetrized
     from vitqs.physics.lattice import Lattice
     from vitqs.physics.observables import exact_spin_correlations
-    from vitqs.run import build_hamiltonian, build_network
 
     data = tiny_heisenberg(
         tmp_path / "out",
@@ -394,7 +394,7 @@ def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetri
 
 def test_final_state_is_the_mean_of_the_late_iterates(tmp_path):
     # full sum: the final energy must be the Rayleigh quotient of the averaged parameters
-    from vitqs.run import build_hamiltonian, build_network
+    from vitqs.build import build_hamiltonian, build_network
     from vitqs.vmc.sr import set_parameter_vector
 
     data = tiny_heisenberg(
@@ -422,7 +422,7 @@ def test_a_run_on_samples_of_a_lower_power_measures_the_final_energy_on_psi_squa
     # steps on |ψ|^1 samples; the final energy must still estimate <ψ|H|ψ>/<ψ|ψ> of the
     # final state (rebuilt here from the checkpoint and summed over the sector), which the
     # same samples unweighted would miss by far (test_vmc)
-    from vitqs.run import build_hamiltonian, build_network
+    from vitqs.build import build_hamiltonian, build_network
 
     data = tiny_bose_hubbard(
         tmp_path / "out",
@@ -449,8 +449,8 @@ def test_annealed_run_starts_on_the_first_hamiltonian_and_ends_on_the_config_s(t
     # full sum, U annealed 1 -> 4 over half of 6 steps: step 0's energy is the Rayleigh
     # quotient of the initial ViT under H(U = 1), built here independently; the steps after
     # anneal_until, and the final energy, are those of H(U = 4)
+    from vitqs.build import Anneal, build_hamiltonian, build_vmc
     from vitqs.physics.operators import BoseHubbard
-    from vitqs.run import Anneal, build_hamiltonian, build_vmc
 
     data = tiny_bose_hubbard(
         tmp_path / "out",
@@ -494,7 +494,7 @@ def _collapsed_jastrow_run(tmp_path, max_frozen_steps):
     # a Gutzwiller factor u(2) = -1000 on the unit-filled 4-site ring: every hop from the
     # Mott configuration makes a double occupancy, so once the chains reach it no move is
     # ever accepted again, and SR, whose samples are then all alike, cannot move the state
-    from vitqs.run import build_vmc
+    from vitqs.build import build_vmc
 
     data = tiny_bose_hubbard(
         tmp_path / "out",
@@ -573,9 +573,9 @@ def test_init_from_starts_from_the_earlier_run_s_final_state_averaged_or_not(tmp
     # full sum: the first step's energy is that of the state the run starts from. A bare
     # run's final network, averaged over translations by the next run, must give the
     # Rayleigh quotient of that average, rebuilt here from the first run's checkpoint
+    from vitqs.build import build_hamiltonian, build_network
     from vitqs.models import Symmetrized
     from vitqs.physics.lattice import Lattice
-    from vitqs.run import build_hamiltonian, build_network
 
     sections = {"lattice": {"shape": [8], "pbc": True}, "sampler": {"kind": "full_sum"}}
     bare = tiny_heisenberg(tmp_path / "out", name="bare", optimizer={"n_iter": 6}, **sections)
@@ -604,7 +604,8 @@ def test_init_from_starts_from_the_earlier_run_s_final_state_averaged_or_not(tmp
 
 
 def test_init_from_starts_the_chains_from_the_earlier_run_s_chains(tmp_path):
-    from vitqs.run import build_vmc, start_from_results
+    from vitqs.build import build_vmc
+    from vitqs.run import start_from_results
 
     run_config(from_dict(tiny_heisenberg(tmp_path / "out")), progress=False)
     h5 = tmp_path / "out" / "tiny.h5"
@@ -645,9 +646,9 @@ def test_final_spin_flip_measures_the_projected_average(tmp_path):
     # full sum: a bare-trained network measured averaged over translations and projected
     # on spin inversion +1 (the sector of the 8-site ring's ground state): the final energy
     # is the Rayleigh quotient of that projection, rebuilt here from the checkpoint
+    from vitqs.build import build_hamiltonian, build_network
     from vitqs.models import Symmetrized
     from vitqs.physics.lattice import Lattice
-    from vitqs.run import build_hamiltonian, build_network
 
     data = tiny_heisenberg(
         tmp_path / "out",

@@ -10,10 +10,11 @@ import torch
 from _shell_helpers import keep_torch_threads, tiny_heisenberg  # noqa: F401
 
 from vitqs import results
+from vitqs.build import build_hamiltonian, build_network
 from vitqs.config import from_dict
 from vitqs.models import Symmetrized
 from vitqs.physics.lattice import Lattice
-from vitqs.run import build_hamiltonian, build_network, run_config
+from vitqs.run import run_config
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "state_energy.py"
 

@@ -21,10 +21,11 @@ from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixt
 )
 
 from vitqs import results, sweep
+from vitqs.build import build_hamiltonian
 from vitqs.config import from_dict
 from vitqs.physics import exact
 from vitqs.physics.observables import condensate_fraction, exact_one_body_density_matrix
-from vitqs.run import build_hamiltonian, run_config
+from vitqs.run import run_config
 
 
 def _write_sweep(tmp_path, **spec):

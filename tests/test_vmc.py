@@ -8,10 +8,10 @@ import torch
 from _shell_helpers import tiny_bose_hubbard, tiny_heisenberg
 from _vmc_helpers import ComplexRBM, exact_ground_state, single_thread  # noqa: F401
 
+from vitqs.build import build_vmc
 from vitqs.config import from_dict
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
-from vitqs.run import build_vmc
 from vitqs.vmc.driver import (
     VMC,
     NonFiniteEnergyError,

@@ -19,8 +19,8 @@ import time
 
 import torch
 
+from vitqs.build import build_vmc
 from vitqs.config import Config
-from vitqs.run import build_vmc
 from vitqs.vmc.driver import VMC
 
 PHASES = ("sampling", "local_energy", "jacobian", "solve", "other")

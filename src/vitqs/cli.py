@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_ed(args) -> int:
-    from vitqs.run import run_exact
+    from vitqs.build import run_exact
 
     config = load(args.config, args.overrides)
     summary = run_exact(config, use_cache=not args.no_cache)
@@ -98,7 +98,8 @@ def _finite(value):
 
 def _cmd_run(args) -> int:
     from vitqs import distributed
-    from vitqs.run import resolve_device, run_config
+    from vitqs.build import resolve_device
+    from vitqs.run import run_config
 
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
@@ -155,8 +156,8 @@ def _cmd_report(args) -> int:
 
 def _cmd_sweep(args) -> int:
     from vitqs import distributed
+    from vitqs.build import resolve_device
     from vitqs.plots import markdown_table
-    from vitqs.run import resolve_device
     from vitqs.sweep import load_sweep, point_configs, run_sweep
 
     spec = load_sweep(args.sweep)

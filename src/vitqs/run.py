@@ -1,9 +1,6 @@
-"""Composition: a validated config in, a finished (or resumable) results file out.
+"""A run: a validated config in, a finished (or resumable) results file out.
 
-``build_*`` turn config sections into objects; constructors raise ``ValueError`` for
-combinations the per-key checks cannot see (a sign rule on a non-bipartite lattice, a patch
-size that does not divide the lattice) and ``build_*`` re-raise those as ``ConfigError`` so the
-CLI reports them like every other bad value. ``run_config`` drives the VMC generator with the
+``run_config`` drives the VMC generator with the
 results file, checkpoints, signals and a progress bar around it; the physics stays in ``vmc``.
 """
 
@@ -25,19 +22,17 @@ import torch
 import yaml
 
 from vitqs import distributed, results
-from vitqs.config import BoseHubbardConfig, Config, ConfigError, from_dict, parse_yaml
+from vitqs.build import Anneal, build_vmc, exact_ground_state
+from vitqs.config import Config, ConfigError, from_dict, parse_yaml
 from vitqs.errors import first_line
-from vitqs.models import build_model, final_symmetrized, invariances, load_network_state
+from vitqs.models import final_symmetrized, invariances, load_network_state
 from vitqs.physics import exact
-from vitqs.physics.lattice import Lattice
 from vitqs.physics.observables import observables_of_vector
-from vitqs.physics.operators import BoseHubbard, Heisenberg
-from vitqs.physics.symmetry import sector_orbits
+from vitqs.physics.operators import Heisenberg
 from vitqs.vmc import observables
 from vitqs.vmc.driver import (
     VMC,
     NonFiniteEnergyError,
-    OptimizerSettings,
     draw_samples,
     n_batches,
     sample_local_energy,
@@ -75,7 +70,6 @@ _RESUMABLE_CHANGES = (
     "sampler.dtype",
     "sampler.local_energy_dtype",
 )
-_FULL_SUM_MAX_DIM = 200_000
 # model keys that change no parameter's shape or meaning: a run may start from another's
 # parameters across them (model.init_from)
 _MAY_DIFFER_FROM_INIT = ("symmetrize", "spin_flip", "init_from", "head_init_std")
@@ -110,173 +104,6 @@ class _Signalled(BaseException):
 # ---- building blocks ----------------------------------------------------------------------
 
 
-def build_lattice(config: Config) -> Lattice:
-    """Returns the lattice of ``config.lattice``."""
-    return Lattice(tuple(config.lattice.shape), pbc=config.lattice.pbc)
-
-
-def build_hamiltonian(config: Config, lattice: Lattice | None = None):
-    """Returns the Hamiltonian of ``config.hamiltonian`` on the config's lattice."""
-    lattice = lattice or build_lattice(config)
-    ham = config.hamiltonian
-    try:
-        if isinstance(ham, BoseHubbardConfig):
-            return BoseHubbard(lattice, ham.J, ham.U, ham.mu, ham.n_particles, ham.n_max)
-        return Heisenberg(lattice, ham.J1, ham.J2, ham.sign_rule, ham.total_sz)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def resolve_device(name: str) -> torch.device:
-    """Returns the torch device for ``config.device`` (auto: CUDA when present)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but no CUDA device is available; use auto or cpu")
-    return distributed.local_device(torch.device(name))  # under torchrun: this rank's GPU
-
-
-def _torch_dtype(name: str | None) -> torch.dtype | None:
-    return None if name is None else getattr(torch, name)
-
-
-def build_network(config: Config, hamiltonian) -> torch.nn.Module:
-    """Returns the model of ``config.model`` on the config's device and dtype."""
-    try:
-        model = build_model(config.model, hamiltonian.lattice, hamiltonian.hilbert)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    return model.to(device=resolve_device(config.device), dtype=_torch_dtype(config.dtype))
-
-
-def build_sampler(config: Config, hamiltonian, model=None):
-    """Returns a Metropolis sampler, or the exact (full-sum) sampler when asked for; the
-    latter sums over the orbits of ``model``'s symmetries with ``sampler.sum_over_orbits``."""
-    cfg = config.sampler
-    if cfg.kind == "full_sum":
-        if not exact.sector_fits(hamiltonian.hilbert, _FULL_SUM_MAX_DIM):
-            raise ConfigError(
-                f"sampler.kind=full_sum needs a sector of at most {_FULL_SUM_MAX_DIM:,} states; "
-                f"this one has about 10^{hamiltonian.hilbert.log_dimension() / 2.302585:.1f}"
-            )
-        reduce = cfg.sum_over_orbits and model is not None
-        symmetry = invariances(model, hamiltonian.lattice) if reduce else None
-        try:
-            sampler = ExactSampler(hamiltonian.hilbert, cfg.chunk_size, symmetry=symmetry)
-            sampler.check_symmetry(model)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        return sampler
-    try:
-        return MetropolisSampler(
-            hamiltonian,
-            n_samples=cfg.n_samples,
-            n_chains=cfg.n_chains,
-            sweep_size=cfg.sweep_size,
-            n_discard=cfg.n_discard,
-            rule=cfg.rule,
-            seed=config.seed + 1,
-            dtype=_torch_dtype(cfg.dtype),
-            machine_pow=cfg.machine_pow,
-        )
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def build_vmc(config: Config) -> VMC:
-    """Returns the VMC driver of a config: Hamiltonian, model (seeded), sampler, optimizer."""
-    torch.manual_seed(config.seed)
-    hamiltonian = build_hamiltonian(config)
-    model = build_network(config, hamiltonian)
-    check_sector_not_empty(hamiltonian, model, "model.symmetrize / model.spin_flip")
-    final = config.final
-    if final.symmetrize != "none" or final.spin_flip:  # refused now, not after the steps
-        measured = final_symmetrized(model, final.symmetrize, hamiltonian.lattice, final.spin_flip)
-        check_sector_not_empty(hamiltonian, measured, "final.symmetrize / final.spin_flip")
-    sampler = build_sampler(config, hamiltonian, model)
-    return VMC(
-        hamiltonian,
-        model,
-        sampler,
-        optimizer_settings(config),
-        chunk_size=config.sampler.chunk_size,
-        local_energy_dtype=_torch_dtype(config.sampler.local_energy_dtype),
-    )
-
-
-# Sectors up to this size are checked for a symmetry projection that leaves no state.
-_SECTOR_CHECK_MAX_DIM = 50_000
-
-
-def check_sector_not_empty(hamiltonian, model, keys: str) -> None:
-    """Raises ConfigError when ``model``'s symmetry projection vanishes on every state of the
-    sector (every orbit holds a state that a symmetry of character −1 fixes, e.g. the 4×2
-    square's space group with spin inversion −1): ψ would be 0 everywhere, the sampler would
-    wander on rounding noise and report a meaningless energy. Checked on sectors up to
-    ``_SECTOR_CHECK_MAX_DIM`` states (larger ones have room for every sector seen so far)."""
-    permutations, spin_flip = invariances(model, hamiltonian.lattice)
-    if not spin_flip or hamiltonian.hilbert.dimension > _SECTOR_CHECK_MAX_DIM:
-        return  # characters all +1: the symmetric combination of any state survives
-    if len(sector_orbits(hamiltonian.hilbert, permutations, spin_flip).representatives) == 0:
-        raise ConfigError(
-            f"{keys}: spin inversion {spin_flip:+d} with the {len(permutations)} lattice "
-            f"symmetries of the model leaves no state of the sector "
-            f"({hamiltonian.hilbert.dimension} states on {hamiltonian.n_sites} sites): ψ would "
-            "vanish everywhere; choose the other spin_flip or fewer symmetries"
-        )
-
-
-def optimizer_settings(config: Config) -> OptimizerSettings:
-    """Returns the VMC optimizer settings of ``config.optimizer``."""
-    settings = dataclasses.asdict(config.optimizer)
-    # the wall-clock budget and the hamiltonian's path are the shell's loop's business
-    for key in ("max_seconds", "anneal_from", "anneal_until"):
-        settings.pop(key)
-    try:
-        return OptimizerSettings(**settings)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def exact_ground_state(config: Config, hamiltonian=None, *, use_cache=True, return_vector=False):
-    """Returns the exact ``GroundState``, or None when ``exact.enabled`` rules it out.
-
-    Raises ConfigError when ``exact.enabled: true`` and the sector exceeds ``exact.max_dim``.
-    """
-    hamiltonian = hamiltonian or build_hamiltonian(config)
-    enabled = config.exact.enabled
-    if enabled is False:
-        return None
-    if enabled == "auto" and not exact.sector_fits(hamiltonian.hilbert, config.exact.max_dim):
-        return None
-    try:
-        return exact.ground_state(
-            hamiltonian,
-            max_dim=config.exact.max_dim,
-            use_cache=use_cache,
-            return_vector=return_vector,
-        )
-    except exact.SectorTooLargeError as err:
-        raise ConfigError(str(err)) from None
-
-
-def run_exact(config: Config, *, use_cache=True) -> dict:
-    """Returns the ``vitqs ed`` summary: energy, energy per site, dimension, seconds, cached."""
-    start = time.perf_counter()
-    hamiltonian = build_hamiltonian(config)
-    try:
-        result = exact.ground_state(hamiltonian, max_dim=config.exact.max_dim, use_cache=use_cache)
-    except exact.SectorTooLargeError as err:
-        raise ConfigError(str(err)) from None
-    return {
-        "energy": result.energy,
-        "energy_per_site": result.energy / hamiltonian.n_sites,
-        "dimension": result.dimension,
-        "seconds": time.perf_counter() - start,
-        "cached": result.cached,
-    }
-
-
 # ---- a whole run --------------------------------------------------------------------------
 
 
@@ -300,42 +127,6 @@ class Run:
     def __post_init__(self):
         self.anneal = Anneal(self.config, self.hamiltonian)
         self.saved_step = self.record.checkpoint_step if self.record.checkpoint else None
-
-
-class Anneal:
-    """``optimizer.anneal_from``: the couplings the steps optimise move linearly from these
-    starting values to the hamiltonian section's over the first ``anneal_until`` of the run,
-    then stay there. Starting where the ground state is easy to reach (the superfluid, which
-    the sampler mixes through; the unfrustrated magnet) and following it into the hard phase
-    is a sweep's warm start inside one run and one budget.
-
-    Attributes:
-        fraction: how far along the path the last Hamiltonian asked for lies (1: the target).
-    """
-
-    def __init__(self, config: Config, target):
-        self.config, self.target = config, target
-        self.fraction = 1.0
-
-    def hamiltonian_at(self, progress: float):
-        """Returns the Hamiltonian to optimise at ``progress`` (fraction of the run done)."""
-        cfg = self.config.optimizer
-        if cfg.anneal_from is None or progress >= cfg.anneal_until:
-            self.fraction = 1.0
-            return self.target
-        self.fraction = progress / cfg.anneal_until
-        end = self.config.hamiltonian
-        couplings = {
-            name: start + self.fraction * (getattr(end, name) - start)
-            for name, start in cfg.anneal_from.items()
-        }
-        config = dataclasses.replace(self.config, hamiltonian=dataclasses.replace(end, **couplings))
-        hamiltonian = build_hamiltonian(config, self.target.lattice)
-        # the couplings move, the sector does not: the target's Hilbert space keeps its state
-        # index tables, which take longer to rebuild than a full-sum step (0.37 s against
-        # 0.26 s on the 3x3's 24,310 states)
-        hamiltonian.hilbert = self.target.hilbert
-        return hamiltonian
 
 
 def config_yaml(config: Config) -> str:
