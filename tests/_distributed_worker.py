@@ -16,18 +16,12 @@ from pathlib import Path
 import torch
 
 from vitqs import distributed
+from vitqs.distributed import gather_rows, rank, world_size
 from vitqs.models.jastrow import Jastrow
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc import observables
-from vitqs.vmc.estimators import (
-    gather_rows,
-    importance_statistics,
-    importance_weights,
-    rank,
-    statistics,
-    world_size,
-)
+from vitqs.vmc.estimators import importance_statistics, importance_weights, statistics
 from vitqs.vmc.sampler import Samples
 from vitqs.vmc.sr import clip_local_energy, energy_gradient, natural_gradient, parameter_vector
 

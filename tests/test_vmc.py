@@ -21,12 +21,7 @@ from vitqs.vmc.driver import (
     sample_local_energy,
     sample_statistics,
 )
-from vitqs.vmc.estimators import (
-    evaluate_log_psi,
-    importance_weights,
-    local_energy,
-    statistics,
-)
+from vitqs.vmc.estimators import evaluate_log_psi, importance_weights, local_energy, statistics
 from vitqs.vmc.sampler import ExactSampler, MetropolisSampler, Samples
 from vitqs.vmc.sr import (
     Adam,

@@ -17,10 +17,7 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown, of the wrong type or out of range."""
-
+from vitqs.errors import ConfigError
 
 # ---- value checkers: each takes (key, value) and returns the value, converted -------------
 

@@ -19,9 +19,90 @@ import os
 import torch
 import torch.distributed as dist
 
-from vitqs.config import ConfigError
-from vitqs.errors import first_line
-from vitqs.vmc.estimators import broadcast_from_root, rank, reduce_max, world_size
+from vitqs.errors import ConfigError, first_line
+
+
+def world_size() -> int:
+    """Returns the number of ``torch.distributed`` ranks (1 without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def rank() -> int:
+    """Returns this process's ``torch.distributed`` rank (0 without a process group)."""
+    return dist.get_rank() if world_size() > 1 else 0
+
+
+def _as_real(x: torch.Tensor) -> torch.Tensor:
+    # collectives move real numbers; a complex tensor travels as (..., 2) reals
+    return torch.view_as_real(x) if x.is_complex() else x
+
+
+def _on_wire(x: torch.Tensor) -> torch.Tensor:
+    """Returns a contiguous copy of ``x`` on the device the backend moves: NCCL moves CUDA
+    tensors only, gloo CPU ones (a CUDA tensor goes through host memory)."""
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    return x.to(device, copy=True).contiguous()
+
+
+def reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """Returns the sum of ``x`` over all ranks (a new tensor); ``x`` itself on one process.
+
+    This is the single place where a ``torch.distributed.all_reduce`` goes.
+    """
+    if world_size() == 1:
+        return x
+    total = _on_wire(x)
+    dist.all_reduce(_as_real(total), op=dist.ReduceOp.SUM)
+    return total.to(x.device)
+
+
+def reduce_max(x: torch.Tensor) -> torch.Tensor:
+    """Returns the maximum of real ``x`` over all ranks; ``x`` itself on one process."""
+    if world_size() == 1:
+        return x
+    largest = _on_wire(x)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return largest.to(x.device)
+
+
+def total_count(n: int, device=None) -> int:
+    """Returns the sum of the per-rank count ``n`` (samples, chains) over all ranks."""
+    if world_size() == 1:
+        return int(n)
+    return int(reduce_sum(torch.tensor(int(n), dtype=torch.int64, device=device)))
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Returns the rows ``(n_r, ...)`` of every rank stacked in rank order ``(Σ n_r, ...)``;
+    ranks may hold different numbers of rows. ``x`` itself on one process."""
+    if world_size() == 1:
+        return x
+    local = _on_wire(x)
+    n_rows = torch.tensor([x.shape[0]], dtype=torch.int64, device=local.device)
+    counts = [torch.zeros_like(n_rows) for _ in range(world_size())]
+    dist.all_gather(counts, n_rows)
+    counts = [int(c) for c in counts]
+    padded = torch.zeros((max(counts), *x.shape[1:]), dtype=x.dtype, device=local.device)
+    padded[: x.shape[0]] = local  # all_gather needs equal shapes: pad to the longest
+    parts = [torch.zeros_like(padded) for _ in counts]
+    dist.all_gather([_as_real(p) for p in parts], _as_real(padded))
+    return torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)]).to(x.device)
+
+
+def broadcast_from_root(x: torch.Tensor) -> torch.Tensor:
+    """Returns rank 0's ``x`` on every rank (``x`` itself on one process): decisions and
+    updates that every rank must apply alike, whatever rounding each rank's own copy saw."""
+    if world_size() == 1:
+        return x
+    out = _on_wire(x)
+    dist.broadcast(_as_real(out), src=0)
+    return out.to(x.device)
+
 
 DEFAULT_TIMEOUT = 600.0  # seconds; the config key distributed.timeout sets it per run
 

@@ -1,6 +1,15 @@
-"""Helpers for the one-line errors every vitqs command ends with."""
+"""The errors every vitqs command ends with, in one line.
+
+`ConfigError` is the one for bad input; the CLI turns it into exit code 2. It lives here,
+below every other module, so that `distributed` (which raises it on every rank) needs
+nothing but torch.
+"""
 
 from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
 
 
 def first_line(err: BaseException, limit: int = 300) -> str:

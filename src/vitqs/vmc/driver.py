@@ -21,15 +21,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from vitqs.distributed import broadcast_from_root, reduce_sum
 from vitqs.models.precision import NetworkCopy
 from vitqs.vmc.estimators import (
     Stats,
-    broadcast_from_root,
     distinct_rows,
     importance_statistics,
     importance_weights,
     local_energy,
-    reduce_sum,
     statistics,
 )
 from vitqs.vmc.sampler import ExactSampler, Samples

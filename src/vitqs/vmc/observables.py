@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vitqs.distributed import gather_rows, total_count
 from vitqs.physics.observables import (
     Estimate,
     condensate_estimators,
@@ -24,13 +25,7 @@ from vitqs.physics.observables import (
     fourier_phases,
     pair_signs,
 )
-from vitqs.vmc.estimators import (
-    amplitude_ratios,
-    chain_error,
-    gather_rows,
-    sample_mean,
-    total_count,
-)
+from vitqs.vmc.estimators import amplitude_ratios, chain_error, sample_mean
 
 # --------------------------------------------------------------- from samples
 # Samples whose pair-exchanged configurations are built at once when no chunk size is given:

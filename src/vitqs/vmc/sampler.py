@@ -48,17 +48,11 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from vitqs.distributed import gather_rows, rank, reduce_sum, world_size
 from vitqs.models.precision import NetworkCopy
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.symmetry import sector_orbits
-from vitqs.vmc.estimators import (
-    distinct_rows,
-    evaluate_log_psi,
-    gather_rows,
-    rank,
-    reduce_sum,
-    world_size,
-)
+from vitqs.vmc.estimators import distinct_rows, evaluate_log_psi
 
 RULES = ("auto", "exchange", "exchange_global", "hop")
 

@@ -21,7 +21,8 @@ import torch
 from einops import rearrange
 from torch.func import functional_call, jacrev, vmap
 
-from vitqs.vmc.estimators import gather_rows, rank, reduce_sum, sample_mean, total_count, world_size
+from vitqs.distributed import gather_rows, rank, reduce_sum, total_count, world_size
+from vitqs.vmc.estimators import sample_mean
 
 METHODS = ("auto", "sr", "minsr")
 SCHEDULES = ("constant", "exponential", "cosine")
