@@ -13,7 +13,7 @@ import difflib
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -188,26 +188,82 @@ def _range_text(minimum, maximum) -> str:
 _REQUIRED = object()
 
 
-def option(default=_REQUIRED, check=None):
-    """A config field: its default (or required) and its checker."""
+def option(
+    default=_REQUIRED, check=None, *, resumable=False, free_across_init=False, runtime=False
+):
+    """A config field: its default (or required), its checker, and the rules of the field.
+
+    Args:
+        resumable: a resumed run may change the value: it does not alter the trajectory
+            already recorded (the steps still to come, where files go, how the final state
+            is measured).
+        free_across_init: (``model`` keys) a run may start from another run's parameters
+            (``model.init_from``) whose value differs: no parameter changes shape or meaning.
+        runtime: the value says where and how a run goes, not what it computes: a sweep
+            reads a finished point back whatever it is now.
+    """
+    metadata = {
+        "check": check,
+        "resumable": resumable,
+        "free_across_init": free_across_init,
+        "runtime": runtime,
+    }
     if default is _REQUIRED:
-        return field(default=None, metadata={"check": check, "required": True})
+        return field(default=None, metadata={**metadata, "required": True})
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"check": check})
-    return field(default=default, metadata={"check": check})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# ---- vocabularies: the values an option may take, written once --------------------------
+# The modules that implement the options read them here (the sampler its rules, sr its
+# solves, the models their kinds); nothing else spells them out.
+
+SAMPLER_KINDS = ("metropolis", "full_sum")
+RULES = ("auto", "exchange", "exchange_global", "hop")
+NATURAL_GRADIENTS = ("auto", "sr", "minsr")  # auto: the smaller of the two solves
+METHODS = (*NATURAL_GRADIENTS, "adam")
+SCHEDULES = ("constant", "exponential", "cosine")
+MODEL_KINDS = ("vit", "simple_vit", "jastrow")
+ATTENTIONS = ("factored", "full")
+EMBEDDINGS = ("linear", "onehot")
+SYMMETRIZE = ("none", "translations", "space_group")
+SPIN_FLIPS = (0, 1, -1)  # the eigenvalue of spin inversion projected on (0: none)
+DTYPES = ("float64", "float32")
 
 
 # ---- the sections -------------------------------------------------------------------------
 
 
+class Section:
+    """A config section. Every value is checked (and converted) when the section is made,
+    whether it came from YAML (`from_dict`) or from Python (``SamplerConfig(n_chains=64)``):
+    one path, so the Python API and the YAML share defaults, allowed values and errors."""
+
+    prefix: ClassVar[str] = ""  # the dotted path of the section, for the error messages
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            key, value = f"{self.prefix}{f.name}", getattr(self, f.name)
+            if value is None and f.metadata.get("required"):
+                raise ConfigError(f"{key} is required")
+            check = f.metadata.get("check")
+            if check is not None:
+                setattr(self, f.name, check(key, value))
+
+
 @dataclass
-class LatticeConfig:
+class LatticeConfig(Section):
+    prefix = "lattice."
+
     shape: list = option(check=int_list((1, 2), minimum=1))
     pbc: bool = option(True, boolean())
 
 
 @dataclass
-class HeisenbergConfig:
+class HeisenbergConfig(Section):
+    prefix = "hamiltonian."
+
     kind: str = option("heisenberg", choice("heisenberg"))
     J1: float = option(1.0, real())
     J2: float = option(0.0, real())
@@ -216,7 +272,9 @@ class HeisenbergConfig:
 
 
 @dataclass
-class BoseHubbardConfig:
+class BoseHubbardConfig(Section):
+    prefix = "hamiltonian."
+
     kind: str = option("bose_hubbard", choice("bose_hubbard"))
     J: float = option(1.0, real())
     U: float = option(4.0, real())
@@ -226,8 +284,10 @@ class BoseHubbardConfig:
 
 
 @dataclass
-class ModelConfig:
-    kind: str = option("vit", choice("vit", "simple_vit", "jastrow"))
+class ModelConfig(Section):
+    prefix = "model."
+
+    kind: str = option("vit", choice(*MODEL_KINDS))
     patch_size: Any = option(
         2,
         either(
@@ -237,13 +297,20 @@ class ModelConfig:
     d_model: int = option(16, integer(1))
     heads: int = option(4, integer(1))
     layers: int = option(2, integer(1))
-    attention: str = option("factored", choice("factored", "full"))
+    attention: str = option("factored", choice(*ATTENTIONS))
     translation_invariant: bool = option(True, boolean())
-    embedding: str = option("linear", choice("linear", "onehot"))
+    embedding: str = option("linear", choice(*EMBEDDINGS))
     jastrow: bool = option(False, boolean())
-    symmetrize: str = option("none", choice("none", "translations", "space_group"))
-    spin_flip: int = option(0, choice(0, 1, -1))
-    head_init_std: float = option(0.1, real(positive=True))
+    symmetrize: str = option("none", choice(*SYMMETRIZE), free_across_init=True)
+    spin_flip: int = option(0, choice(*SPIN_FLIPS), free_across_init=True)
+    # std of the head's complex output weights: small, so that log ψ starts near a constant
+    # (ψ nearly uniform) and the first steps are not dominated by a random, peaked state; but
+    # not too small: at S^z = 0 the uniform state is the fully polarised multiplet's member,
+    # an exact eigenstate of any SU(2)-symmetric H, where the energy gradient vanishes. At
+    # 1e-2 the log-derivatives (~std², ~1e-4) sink below SR's diagonal shift and a J1-J2 run
+    # without sign rule sat at E/N = +0.75 for ~16 steps; 1e-1 leaves at once (0.3 and 1.0
+    # start too rough)
+    head_init_std: float = option(0.1, real(positive=True), free_across_init=True)
     # a real log ψ (ψ > 0): right for a Hamiltonian without a sign problem, whose ground
     # state is positive (Perron-Frobenius); half the log-derivatives, a 4x cheaper minSR solve
     positive: bool = option(False, boolean())
@@ -251,25 +318,27 @@ class ModelConfig:
     # finished run's final state) and, when they are states of this sector, its Monte Carlo
     # chains. The network's shape must match; symmetrize and spin_flip may differ, so a
     # cheap bare run can be finished averaged. null: random parameters
-    init_from: str | None = option(None, optional(text()))
+    init_from: str | None = option(None, optional(text()), resumable=True, free_across_init=True)
 
 
 @dataclass
-class SamplerConfig:
-    kind: str = option("metropolis", choice("metropolis", "full_sum"))
+class SamplerConfig(Section):
+    prefix = "sampler."
+
+    kind: str = option("metropolis", choice(*SAMPLER_KINDS))
     n_samples: int = option(1024, integer(1))
     n_chains: int = option(256, integer(1))
     sweep_size: int | None = option(None, optional(integer(1)))
     n_discard: int = option(16, integer(0))
-    rule: str = option("auto", choice("auto", "exchange", "exchange_global", "hop"))
+    rule: str = option("auto", choice(*RULES))
     chunk_size: int | None = option(None, optional(integer(1)))
     # precision of the network copy the Metropolis chains run on (null: the model's dtype);
     # the samples' log ψ, gradients and SR keep the model's dtype (sampler.py)
-    dtype: str | None = option(None, optional(choice("float64", "float32")))
+    dtype: str | None = option(None, optional(choice(*DTYPES)), resumable=True)
     # precision of the network copy that evaluates the connected configurations in the
     # training steps' local energies (null: the model's dtype). The samples' log ψ, the sums,
     # gradients, SR and the final energy keep the model's dtype (models/precision.py)
-    local_energy_dtype: str | None = option(None, optional(choice("float64", "float32")))
+    local_energy_dtype: str | None = option(None, optional(choice(*DTYPES)), resumable=True)
     # the chains sample |ψ|^machine_pow; each sample is weighted by |ψ|^(2 − machine_pow), so
     # energies, gradients and S remain those of |ψ|²: below 2, a peaked |ψ|² (a Mott
     # insulator) is sampled more evenly. The final energy samples |ψ|² itself (Metropolis only)
@@ -280,7 +349,7 @@ class SamplerConfig:
     late_fraction: float = option(0.75, real(minimum=0.0, maximum=1.0))
     # stop a run whose Metropolis acceptance has been 0 for this many steps in a row: every
     # chain is frozen on its configuration (a collapsed state); null: never stop
-    max_frozen_steps: int | None = option(50, optional(integer(1)))
+    max_frozen_steps: int | None = option(50, optional(integer(1)), resumable=True, runtime=True)
     # full_sum only: sum over one state per orbit of the model's symmetries (translations,
     # rotations and reflections, spin inversion), weighted by the orbit's size: the same
     # sums at a fraction of the cost
@@ -288,18 +357,20 @@ class SamplerConfig:
 
 
 @dataclass
-class OptimizerConfig:
-    method: str = option("auto", choice("auto", "sr", "minsr", "adam"))
-    lr: float = option(0.01, real(positive=True))
-    lr_final: float | None = option(None, optional(real(positive=True)))
-    lr_schedule: str = option("constant", choice("constant", "exponential", "cosine"))
-    diag_shift: float = option(1.0e-3, real(minimum=0.0))
-    diag_shift_final: float | None = option(None, optional(real(minimum=0.0)))
-    diag_shift_schedule: str = option("constant", choice("constant", "exponential", "cosine"))
-    n_iter: int = option(300, integer(1))
+class OptimizerConfig(Section):
+    prefix = "optimizer."
+
+    method: str = option("auto", choice(*METHODS))
+    lr: float = option(0.01, real(positive=True), resumable=True)
+    lr_final: float | None = option(None, optional(real(positive=True)), resumable=True)
+    lr_schedule: str = option("constant", choice(*SCHEDULES))
+    diag_shift: float = option(1.0e-3, real(minimum=0.0), resumable=True)
+    diag_shift_final: float | None = option(None, optional(real(minimum=0.0)), resumable=True)
+    diag_shift_schedule: str = option("constant", choice(*SCHEDULES))
+    n_iter: int = option(300, integer(1), resumable=True)
     # wall-clock budget of the optimisation loop in seconds (null: none); schedules run over
     # n_iter or over this budget, whichever ends first, so a budgeted run ends its schedule
-    max_seconds: float | None = option(None, optional(real(positive=True)))
+    max_seconds: float | None = option(None, optional(real(positive=True)), resumable=True)
     # the final state is the mean of the parameters measured after this fraction of the run
     # (of n_iter or of max_seconds): Polyak averaging of SR's noisy iterates (null: off)
     average_from: float | None = option(None, optional(real(minimum=0.0, maximum=1.0)))
@@ -317,53 +388,61 @@ class OptimizerConfig:
 
 
 @dataclass
-class ExactConfig:
-    enabled: Any = option("auto", choice("auto", True, False))
-    max_dim: int = option(5_000_000, integer(1))
+class ExactConfig(Section):
+    prefix = "exact."
+
+    enabled: Any = option("auto", choice("auto", True, False), resumable=True)
+    max_dim: int = option(5_000_000, integer(1), resumable=True)
 
 
 @dataclass
-class FinalConfig:
-    n_samples: int = option(8192, integer(1))
+class FinalConfig(Section):
+    prefix = "final."
+
+    n_samples: int = option(8192, integer(1), resumable=True)
     # measure the final energy of ψ averaged over the lattice translations (a k = 0 projection),
     # or over the space group (translations after rotations and reflections)
-    symmetrize: str = option("none", choice("none", "translations", "space_group"))
+    symmetrize: str = option("none", choice(*SYMMETRIZE), resumable=True)
     # and over spin inversion, projecting on this eigenvalue (S^z = 0 spins only; 0: off):
     # for a model trained without model.spin_flip, whose sector is known
-    spin_flip: int = option(0, choice(0, 1, -1))
+    spin_flip: int = option(0, choice(*SPIN_FLIPS), resumable=True)
     # sweeps each chain makes before the final measurement keeps a sample. The final state is
     # another distribution than the steps sampled (|ψ|² instead of |ψ|^machine_pow, averaged
     # parameters, a symmetrized ψ, the last update): chains started in the old one bias the
     # energy upward until they forget it. null: as many sweeps as each chain then keeps
     # (final.n_samples / sampler.n_chains), at least sampler.n_discard
-    n_discard: int | None = option(None, optional(integer(0)))
+    n_discard: int | None = option(None, optional(integer(0)), resumable=True)
 
 
 @dataclass
-class OutputConfig:
-    dir: str = option("results", text())
-    checkpoint_every: int = option(25, integer(1))
+class OutputConfig(Section):
+    prefix = "output."
+
+    dir: str = option("results", text(), resumable=True, runtime=True)
+    checkpoint_every: int = option(25, integer(1), resumable=True, runtime=True)
 
 
 @dataclass
-class DistributedConfig:
+class DistributedConfig(Section):
+    prefix = "distributed."
+
     # seconds a rank waits for the others in one collective (a step's sums, rank 0's ED and
     # file writes) before the run stops: a rank that died or hangs ends the job, instead of
     # the others waiting torch's default 30 minutes. Raise it for steps or EDs that take longer
-    timeout: float = option(600.0, real(positive=True))
+    timeout: float = option(600.0, real(positive=True), resumable=True, runtime=True)
 
 
 _HAMILTONIANS = {"heisenberg": HeisenbergConfig, "bose_hubbard": BoseHubbardConfig}
 
 
 @dataclass
-class Config:
-    name: str | None = option(None, optional(file_name()))
+class Config(Section):
+    name: str | None = option(None, optional(file_name()), resumable=True, runtime=True)
     seed: int = option(0, integer(0, 2**63 - 1))  # the sampler seeds a generator with seed + 1
-    device: str = option("auto", text())
-    dtype: str = option("float64", choice("float64", "float32"))
-    threads: int | None = option(None, optional(integer(1)))
-    lattice: LatticeConfig = field(default_factory=LatticeConfig)
+    device: str = option("auto", text(), resumable=True, runtime=True)
+    dtype: str = option("float64", choice(*DTYPES))
+    threads: int | None = option(None, optional(integer(1)), resumable=True, runtime=True)
+    lattice: LatticeConfig | None = None  # required, as is the hamiltonian
     hamiltonian: HeisenbergConfig | BoseHubbardConfig | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -372,6 +451,13 @@ class Config:
     final: FinalConfig = field(default_factory=FinalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def __post_init__(self):
+        for section in ("lattice", "hamiltonian"):
+            if getattr(self, section) is None:
+                raise ConfigError(f"the '{section}' section is required")
+        super().__post_init__()
+        _check_consistency(self)
 
     @property
     def n_sites(self) -> int:
@@ -397,6 +483,20 @@ _SECTIONS = {
 }
 
 
+def keys_with(rule: str) -> frozenset[str]:
+    """Returns the dotted keys whose field carries ``rule`` (``"resumable"``,
+    ``"free_across_init"`` or ``"runtime"``; see `option`), over every section and both
+    Hamiltonians."""
+    sections = [("", Config), *((f"{name}.", cls) for name, cls in _SECTIONS.items())]
+    sections += [("hamiltonian.", cls) for cls in _HAMILTONIANS.values()]
+    return frozenset(
+        f"{prefix}{f.name}"
+        for prefix, cls in sections
+        for f in dataclasses.fields(cls)
+        if f.metadata.get(rule)
+    )
+
+
 # ---- building and validating --------------------------------------------------------------
 
 
@@ -408,26 +508,18 @@ def _unknown_key_error(key: str, known: list[str], prefix: str) -> ConfigError:
 
 
 def _build(cls, data, prefix: str):
-    """Returns ``cls(**data)`` with every field checked; ``prefix`` is the dotted path."""
+    """Returns ``cls(**data)``, its values checked by the section itself; ``prefix`` is the
+    dotted path, for unknown keys."""
     section = prefix.rstrip(".") or "config"
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{section} must be a mapping of keys to values, got {_describe(data)}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in fields:
-            raise _unknown_key_error(key, list(fields), prefix)
-    values = {}
-    for name, f in fields.items():
-        key = f"{prefix}{name}"
-        if name not in data:
-            if f.metadata.get("required"):
-                raise ConfigError(f"{key} is required")
-            continue
-        check = f.metadata.get("check")
-        values[name] = check(key, data[name]) if check else data[name]
-    return cls(**values)
+            raise _unknown_key_error(key, fields, prefix)
+    return cls(**data)
 
 
 def _build_hamiltonian(data):
@@ -459,15 +551,10 @@ def from_dict(data, *, default_name: str | None = None) -> Config:
             raise ConfigError(f"the '{section}' section is required")
     sections = {name: _build(cls, data.get(name), f"{name}.") for name, cls in _SECTIONS.items()}
     sections["hamiltonian"] = _build_hamiltonian(data["hamiltonian"])
-    scalars = {}
-    for f in dataclasses.fields(Config):
-        check = f.metadata.get("check")
-        if check and f.name in data:
-            scalars[f.name] = check(f.name, data[f.name])
-    config = Config(**scalars, **sections)
+    scalars = {name: data[name] for name in top if name in data and name not in sections}
+    config = Config(**scalars, **sections)  # checks every value, then their consistency
     if config.name is None and default_name:
         config.name = file_name()("name", default_name)
-    _check_consistency(config)
     return config
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from vitqs import distributed, results
 from vitqs.build import Anneal, build_vmc, exact_ground_state
-from vitqs.config import Config, ConfigError, from_dict, parse_yaml
+from vitqs.config import Config, ConfigError, from_dict, keys_with, parse_yaml
 from vitqs.errors import first_line
 from vitqs.models import final_symmetrized, invariances, load_network_state
 from vitqs.physics import exact
@@ -40,39 +40,6 @@ from vitqs.vmc.driver import (
 from vitqs.vmc.estimators import statistics
 from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 from vitqs.vmc.sr import set_parameter_vector
-
-# Keys a resumed run may change: they do not alter the trajectory already recorded.
-_RESUMABLE_CHANGES = (
-    "optimizer.n_iter",
-    # the steps still to come: how a run stopped by a NaN goes on another way
-    "optimizer.lr",
-    "optimizer.lr_final",
-    "optimizer.diag_shift",
-    "optimizer.diag_shift_final",
-    "distributed.timeout",
-    "output.checkpoint_every",
-    "final.n_samples",
-    "device",
-    "threads",
-    "name",
-    "output.dir",
-    "exact.enabled",
-    "exact.max_dim",
-    "optimizer.max_seconds",
-    "sampler.max_frozen_steps",
-    # where a new run starts from: a resume starts from its own checkpoint
-    "model.init_from",
-    # the final average: measured once the steps are done
-    "final.symmetrize",
-    "final.spin_flip",
-    "final.n_discard",
-    # precisions of network copies: rounding changes, the state does not
-    "sampler.dtype",
-    "sampler.local_energy_dtype",
-)
-# model keys that change no parameter's shape or meaning: a run may start from another's
-# parameters across them (model.init_from)
-_MAY_DIFFER_FROM_INIT = ("symmetrize", "spin_flip", "init_from", "head_init_std")
 
 
 class RunInterrupted(RuntimeError):
@@ -364,10 +331,11 @@ def _model_differences(record: results.RunRecord, config: Config) -> str:
     if not isinstance(earlier, dict):
         return ""
     now = dataclasses.asdict(config.model)
+    free = keys_with("free_across_init")
     differ = [
         f"model.{key}={now[key]} here, {earlier[key]} there"
         for key in now
-        if key in earlier and earlier[key] != now[key] and key not in _MAY_DIFFER_FROM_INIT
+        if key in earlier and earlier[key] != now[key] and f"model.{key}" not in free
     ]
     return "; ".join(differ)
 
@@ -504,15 +472,14 @@ def _flatten(data, prefix=""):
     return flat
 
 
-def config_changes(
-    record: results.RunRecord, config: Config, *, ignoring=_RESUMABLE_CHANGES
-) -> list[str]:
+def config_changes(record: results.RunRecord, config: Config, *, ignoring=None) -> list[str]:
     """Returns the dotted keys whose values differ between ``record``'s run and ``config``,
-    leaving out those in ``ignoring`` (default: those a resume may change)."""
+    leaving out those in ``ignoring`` (default: those a resume may change, `keys_with`)."""
     return _changed_keys(_stored_config(record) or {}, config.to_dict(), ignoring)
 
 
-def _changed_keys(old: dict, new: dict, ignoring=_RESUMABLE_CHANGES) -> list[str]:
+def _changed_keys(old: dict, new: dict, ignoring=None) -> list[str]:
+    ignoring = keys_with("resumable") if ignoring is None else ignoring
     old, new = _flatten(old), _flatten(new)
     keys = sorted(set(old) | set(new))
     return [k for k in keys if old.get(k) != new.get(k) and k not in ignoring]

@@ -24,6 +24,7 @@ from vitqs import distributed, results
 from vitqs.config import (
     ConfigError,
     from_dict,
+    keys_with,
     parse_yaml,
     plain_file_name_problem,
     read_yaml,
@@ -32,18 +33,6 @@ from vitqs.config import (
 from vitqs.distributed import is_root
 from vitqs.plots import markdown_table, plot_sweep
 from vitqs.run import checkpoint_parameters, config_changes, run_config
-
-# Keys that say where and how a point runs, not what it computes: a finished point is read
-# back whatever they are now.
-_WHERE_IT_RUNS = (
-    "device",
-    "threads",
-    "name",
-    "output.dir",
-    "output.checkpoint_every",
-    "distributed.timeout",
-    "sampler.max_frozen_steps",
-)
 
 _SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
 
@@ -183,7 +172,7 @@ def _point_action(path, config) -> str:
         )
     if record.status != "finished":
         return "resume" if record.checkpoint is not None else "run"
-    differ = config_changes(record, config, ignoring=_WHERE_IT_RUNS)
+    differ = config_changes(record, config, ignoring=keys_with("runtime"))
     action = _settle_finished(record, config, differ)
     if action is None:
         raise ConfigError(

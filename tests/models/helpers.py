@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import types
-
 import torch
 
+from vitqs.config import ModelConfig
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.lattice import Lattice
 
@@ -21,7 +20,7 @@ def random_bosons(n_states: int, n_sites: int, n_max: int = 2, seed: int = 0) ->
     return hilbert.random_states(n_states, torch.Generator().manual_seed(seed))
 
 
-def model_config(**overrides) -> types.SimpleNamespace:
+def model_config(**overrides) -> ModelConfig:
     """Returns a small model config; keyword arguments replace its fields."""
     cfg = dict(
         kind="vit",
@@ -37,7 +36,7 @@ def model_config(**overrides) -> types.SimpleNamespace:
         spin_flip=0,
     )
     cfg.update(overrides)
-    return types.SimpleNamespace(**cfg)
+    return ModelConfig(**cfg)
 
 
 CHAIN = Lattice((8,))

@@ -5,22 +5,18 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from vitqs.models._checks import check_choice
+from vitqs.config import ModelConfig
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.simple_vit import SimpleViT
 from vitqs.models.symmetrize import Symmetrized, coset_translations, space_group_table
-from vitqs.models.vit import ATTENTIONS, EMBEDDINGS, HEAD_INIT_STD, ViT
-
-KINDS = ("vit", "simple_vit", "jastrow")
-SYMMETRIZE = ("none", "translations", "space_group")
+from vitqs.models.vit import ViT
 
 
-def build_model(cfg, lattice, hilbert) -> nn.Module:
+def build_model(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
     """Returns the float64 model described by ``cfg`` on ``lattice`` and ``hilbert``.
 
     Args:
-        cfg: any object with the attributes ``kind, patch_size, d_model, heads, layers,
-            attention, translation_invariant, embedding, jastrow, symmetrize, spin_flip``.
+        cfg: the ``model`` section (its values checked by the section itself).
         lattice: provides ``shape``, ``pbc``, ``n_sites`` and ``translations``.
         hilbert: provides ``local_states``; spin inversion also needs ``total_sz == 0``.
 
@@ -46,13 +42,8 @@ def build_model(cfg, lattice, hilbert) -> nn.Module:
     return model.double()
 
 
-def _check_options(cfg, hilbert) -> None:
-    """Raises ValueError for option values that are unknown or inconsistent."""
-    check_choice("kind", cfg.kind, KINDS)
-    check_choice("attention", cfg.attention, ATTENTIONS)
-    check_choice("embedding", cfg.embedding, EMBEDDINGS)
-    check_choice("symmetrize", cfg.symmetrize, SYMMETRIZE)
-    check_choice("spin_flip", cfg.spin_flip, (0, 1, -1))
+def _check_options(cfg: ModelConfig, hilbert) -> None:
+    """Raises ValueError for option values that do not fit together or the Hilbert space."""
     if cfg.jastrow and cfg.kind != "vit":
         raise ValueError(
             f"model.jastrow=True adds a Jastrow factor to model.kind='vit' only, "
@@ -68,7 +59,7 @@ def _check_options(cfg, hilbert) -> None:
         )
 
 
-def _build_bare(cfg, lattice, hilbert) -> nn.Module:
+def _build_bare(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
     """Returns the unsymmetrized model of ``cfg.kind``."""
     patch_size = cfg.patch_size if np.ndim(cfg.patch_size) == 0 else tuple(cfg.patch_size)
     if cfg.kind == "jastrow":
@@ -88,6 +79,6 @@ def _build_bare(cfg, lattice, hilbert) -> nn.Module:
         local_states=tuple(hilbert.local_states),
         jastrow=cfg.jastrow,
         pbc=lattice.pbc,
-        head_init_std=getattr(cfg, "head_init_std", HEAD_INIT_STD),
-        positive=getattr(cfg, "positive", False),
+        head_init_std=cfg.head_init_std,
+        positive=cfg.positive,
     )

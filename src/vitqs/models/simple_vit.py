@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vitqs.config import ModelConfig
 from vitqs.models._checks import check_heads_divide, check_positive_int
 from vitqs.models.attention import FullAttention
 from vitqs.models.patching import PatchGrid
@@ -32,9 +33,9 @@ class SimpleViT(nn.Module):
     def __init__(
         self,
         lattice_shape: tuple[int, ...],
-        patch_size: int | tuple[int, ...],
-        d_model: int,
-        heads: int,
+        patch_size: int | tuple[int, ...] = ModelConfig.patch_size,
+        d_model: int = ModelConfig.d_model,
+        heads: int = ModelConfig.heads,
     ):
         super().__init__()
         d_model = check_positive_int("d_model", d_model)

@@ -10,6 +10,7 @@ import torch
 from einops import einsum, rearrange
 from torch import nn
 
+from vitqs.config import SPIN_FLIPS, SYMMETRIZE
 from vitqs.models._checks import check_choice
 
 
@@ -48,7 +49,7 @@ class Symmetrized(nn.Module):
 
     def __init__(self, model: nn.Module, translations, spin_flip: int = 0, group=None):
         super().__init__()
-        check_choice("spin_flip", spin_flip, (0, 1, -1))
+        check_choice("spin_flip", spin_flip, SPIN_FLIPS)
         translations = torch.as_tensor(np.asarray(translations), dtype=torch.long)
         if translations.ndim != 2:
             raise ValueError(
@@ -101,16 +102,13 @@ def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
     return Symmetrized(model, table)
 
 
-FINAL_SYMMETRIZE = ("none", "translations", "space_group")  # the final.symmetrize values
-
-
 def final_symmetrized(model: nn.Module, symmetrize: str, lattice, spin_flip: int = 0) -> nn.Module:
-    """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `FINAL_SYMMETRIZE`) and
+    """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `config.SYMMETRIZE`) and
     projected on the spin-inversion eigenvalue ``final.spin_flip`` (0: none), on the device
     of its parameters."""
-    if symmetrize not in FINAL_SYMMETRIZE:
-        raise ValueError(f"final.symmetrize={symmetrize!r} is not one of {list(FINAL_SYMMETRIZE)}")
-    check_choice("spin_flip", spin_flip, (0, 1, -1))
+    if symmetrize not in SYMMETRIZE:
+        raise ValueError(f"final.symmetrize={symmetrize!r} is not one of {list(SYMMETRIZE)}")
+    check_choice("spin_flip", spin_flip, SPIN_FLIPS)
     device = next(model.parameters()).device
     if symmetrize != "none":
         average = (

@@ -13,21 +13,14 @@ import torch
 from einops import rearrange, reduce
 from torch import nn
 
+from vitqs.config import ATTENTIONS, EMBEDDINGS, ModelConfig
 from vitqs.models._checks import check_choice, check_heads_divide, check_positive_int
 from vitqs.models.attention import make_attention
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.patching import PatchGrid
 
-ATTENTIONS = ("factored", "full")
-EMBEDDINGS = ("linear", "onehot")
-
-# Std of the complex output weights: small, so that log ψ starts near a constant (ψ nearly
-# uniform) and the first VMC steps are not dominated by a random, peaked initial state; but
-# not too small: at S^z = 0 the uniform state is the fully polarised multiplet's member, an
-# exact eigenstate of any SU(2)-symmetric H, where the energy gradient vanishes. At 1e-2 the
-# log-derivatives (~std², ~1e-4) sink below SR's diagonal shift and a J1-J2 run without sign
-# rule sat at E/N = +0.75 for ~16 steps; 1e-1 leaves at once (0.3 and 1.0 start too rough).
-HEAD_INIT_STD = 1e-1
+# the head's initial std is model.head_init_std (config.py says why 0.1)
+HEAD_INIT_STD = ModelConfig.head_init_std
 # Std of learned absolute position embeddings (full attention without translation invariance).
 POSITION_INIT_STD = 2e-2
 
@@ -158,18 +151,18 @@ class ViT(nn.Module):
     def __init__(
         self,
         lattice_shape: tuple[int, ...],
-        patch_size: int | tuple[int, ...],
-        d_model: int,
-        heads: int,
-        layers: int,
-        attention: str = "factored",
-        translation_invariant: bool = True,
-        embedding: str = "linear",
+        patch_size: int | tuple[int, ...] = ModelConfig.patch_size,
+        d_model: int = ModelConfig.d_model,
+        heads: int = ModelConfig.heads,
+        layers: int = ModelConfig.layers,
+        attention: str = ModelConfig.attention,
+        translation_invariant: bool = ModelConfig.translation_invariant,
+        embedding: str = ModelConfig.embedding,
         local_states: tuple = (-1, 1),
-        jastrow: bool = False,
+        jastrow: bool = ModelConfig.jastrow,
         pbc: bool = True,
-        head_init_std: float = HEAD_INIT_STD,
-        positive: bool = False,
+        head_init_std: float = ModelConfig.head_init_std,
+        positive: bool = ModelConfig.positive,
     ):
         super().__init__()
         self.positive = bool(positive)
