@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 
 def _parse_args(argv=None):
@@ -84,8 +83,7 @@ def _run_netket(config, args) -> dict | str:
     The whole-step time is printed as soon as it is known, before the phase timings (which
     build and compile a second driver): a long row that runs out of time keeps its result.
     """
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import netket_peer
+    import netket_peer  # a sibling: scripts/ is on the path of a script run as a program
 
     reason = netket_peer.netket_available()
     if reason is not None:

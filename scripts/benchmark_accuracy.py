@@ -10,7 +10,7 @@ the config's ``threads``, or with ``--side-by-side`` at the same time, each engi
 held to a core of its own and one thread; ``--netket-only`` runs just that subprocess beside
 the stored row. netket's trained state is enumerated like ours when its sector is small.
 ``--enumerate`` adds to each stored row the energy of its trained state
-summed over the whole sector (``scripts/state_energy.py``: no noise, never below E_exact).
+summed over the whole sector (``vitqs.report.state_energy``: no noise, never below E_exact).
 ``--ablation`` runs the model variants of the Bose-Hubbard ablation instead.
 ``--from-results FILE`` reads one system's row from a run made elsewhere (the GPU-scale
 ``j1j2_6x6``, run with ``vitqs run`` where a GPU is); a system without ED is measured against
@@ -45,6 +45,8 @@ import yaml
 from vitqs.config import ConfigError  # no torch: the netket worker imports this file too
 
 REPO = Path(__file__).resolve().parents[1]
+# The program's name when `vitqs bench accuracy` runs this script (None: the script's own).
+PROG_VARIABLE = "VITQS_PROG"
 CONFIG_DIR = REPO / "configs" / "benchmarks"
 SYSTEMS = (
     "heisenberg_chain16",
@@ -160,14 +162,14 @@ def row_from_results(system: str, results_file: Path) -> dict:
     import torch
 
     from vitqs.build import build_hamiltonian
+    from vitqs.config import from_dict
     from vitqs.results import read_results, relative_error
-    from vitqs.run import load_config_dict
     from vitqs.run import summary as run_summary
 
     record = read_results(results_file)
     if record.status != "finished":
         raise ConfigError(f"{results_file}: the run is {record.status}, not finished")
-    config = load_config_dict(yaml.safe_load(record.config_yaml), system)
+    config = from_dict(yaml.safe_load(record.config_yaml), default_name=system)
     summary = run_summary(record, results_file)
     with h5py.File(results_file, "r") as f:
         energy = f["history/energy"][:]
@@ -366,7 +368,6 @@ def netket_row(started) -> dict:
 
 def _netket_worker(spec_json: str) -> None:
     """Runs in the netket subprocess: prints netket_peer's result as one JSON line."""
-    sys.path.insert(0, str(REPO / "scripts"))
     import torch
 
     spec = json.loads(spec_json)
@@ -712,8 +713,7 @@ def enumerate_rows(rows_dir: Path, table: str, max_dim: int, systems=None) -> No
     """Adds the enumerated (noise-free, variational) energy of each stored row's final state
     (of ``systems`` only, if given), from its results file, where the sector has at most
     ``max_dim`` states."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    from state_energy import state_energy
+    from vitqs.report import state_energy
 
     for path in sorted(rows_dir.glob(f"{table}__*.json")):
         row = json.loads(path.read_text())
@@ -767,8 +767,10 @@ def _summary_line(label: str, row: dict) -> str:
     return f"{label}: rel={relative} its={row['n_iter']} {row['seconds']:.0f}s {peers}"
 
 
-def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=os.environ.get(PROG_VARIABLE), description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), metavar="NAME")
     parser.add_argument("--budget", type=float, default=None, help="seconds per run (override)")
     parser.add_argument("--with-netket", action="store_true", help="netket's ViT beside each row")
@@ -815,13 +817,13 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv=None, prog: str | None = None) -> int:
+def main(argv=None) -> int:
     """Runs the benchmark; raises ConfigError (one line, exit 2) on bad arguments."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--netket-worker"]:
         _netket_worker(argv[1])
         return 0
-    args = parse_args(argv, prog)
+    args = parse_args(argv)
     unknown = [s for s in args.systems if not (CONFIG_DIR / f"{s}.yaml").exists()]
     if unknown:
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if not p.stem.endswith("_sweep"))
@@ -860,5 +862,12 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except ConfigError as err:
-        print(f"{Path(sys.argv[0]).name}: error: {err}", file=sys.stderr)
+        if os.environ.get(PROG_VARIABLE):  # worded as vitqs words a failed command: one line
+            print(f"vitqs bench: {' '.join(f'error: {err}'.split())}", file=sys.stderr)
+        else:
+            print(f"{Path(sys.argv[0]).name}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        if not os.environ.get(PROG_VARIABLE):
+            raise
+        sys.exit(130)  # vitqs, interrupted with it, says so

@@ -23,14 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from state_energy import _enumerable_run, _enumerated_energy, _final_model  # noqa: E402
-
-from vitqs import results  # noqa: E402
-from vitqs.build import build_network, build_sampler  # noqa: E402
+from vitqs import results
+from vitqs.build import build_network, build_sampler
+from vitqs.report import enumerable_run, enumerated_energy, final_model
 from vitqs.run import final_discard
-from vitqs.vmc.driver import draw_samples, sample_local_energy, sample_statistics  # noqa: E402
-from vitqs.vmc.sr import set_parameter_vector  # noqa: E402
+from vitqs.vmc.estimators import sample_statistics
+from vitqs.vmc.sr import set_parameter_vector
 
 
 def repeated_finals(
@@ -39,15 +37,15 @@ def repeated_finals(
     """Returns ``{discard: [(E, σ), …]}`` over ``repeats`` repetitions of ``n_samples`` final
     samples (None: the run's ``final.n_samples``), and the enumerated energy and the run's
     own default discard for that many."""
-    run = _enumerable_run(path, max_dim=2_000_000, symmetrize=None)
+    run = enumerable_run(path, max_dim=2_000_000, symmetrize=None)
     if run is None:
         raise SystemExit(f"{path}: not a finished run with an enumerable sector")
     record, config, hamiltonian = run
     if n_samples is not None:
         config.final.n_samples = n_samples
     state = results.load_checkpoint(record)
-    enumerated = _enumerated_energy(config, hamiltonian, state["model"])
-    final_model = _final_model(config, hamiltonian, state["model"])
+    enumerated = enumerated_energy(config, hamiltonian, state["model"])
+    measured_model = final_model(config, hamiltonian, state["model"])
     last = build_network(config, hamiltonian).cpu()
     last.load_state_dict(state["model"])
     vmc_state = state.get("vmc") or {}
@@ -64,9 +62,9 @@ def repeated_finals(
                 sampler.sample(last, n_discard=steps_sweeps)  # back in the steps' distribution
                 plain = sampler.of_psi_squared()
                 default = final_discard(config, plain)
-                samples = draw_samples(plain, final_model, config.final.n_samples, discard)
-                e_loc = sample_local_energy(
-                    hamiltonian, final_model, plain, samples, config.sampler.chunk_size
+                samples = plain.draw(measured_model, config.final.n_samples, discard)
+                e_loc = plain.local_energy(
+                    hamiltonian, measured_model, samples, config.sampler.chunk_size
                 )
                 energy = sample_statistics(e_loc, samples)
             measured[discard].append((energy.mean.real, energy.error_of_mean))

@@ -44,6 +44,8 @@ import types
 
 import numpy as np
 
+from vitqs.config import NATURAL_GRADIENTS
+
 try:
     import flax.linen as nn
     import jax
@@ -58,7 +60,7 @@ except ImportError as err:  # keep the module importable so callers can skip wit
     nn = types.SimpleNamespace(Module=object, compact=lambda f: f)
 
 HEISENBERG_FACTOR = 0.25  # netket Heisenberg (Pauli σ) → ours (S = σ/2): ×1/4
-METHODS = ("auto", "sr", "minsr")
+METHODS = NATURAL_GRADIENTS  # the solves ours offers, and the peer mirrors
 
 PRESETS = {
     "heisenberg_chain16": {
@@ -497,7 +499,7 @@ def enumerated_energy(vstate, hamiltonian, factor: float, max_dim: int, chunk: i
     units (× ``factor``), or None when the sector has more than ``max_dim`` states.
 
     The noise-free counterpart of the Monte Carlo estimate, the figure our own rows report
-    as "enumerated" (``scripts/state_energy.py``), so the two engines compare without noise.
+    as "enumerated" (``vitqs.report.state_energy``), so the two engines compare without noise.
     """
     sector = _sector(vstate.hilbert, hamiltonian, max_dim)
     if sector is None:

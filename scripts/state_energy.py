@@ -22,7 +22,8 @@ normalised, α the overlap's phase), which is the infidelity ``1 − |⟨φ|ψ�
 A share far from where the samples are says that sampling, not the ansatz, limits the state.
 
 Prints one markdown row per file: name, sector dimension, Monte Carlo final energy ± error,
-the enumerated energy, the exact ground-state energy, and both relative errors.
+the enumerated energy, the exact ground-state energy, and both relative errors. The sums are
+``vitqs.report``'s (``state_energy``, ``by_probability``); this is their command line.
 """
 
 from __future__ import annotations
@@ -31,128 +32,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
-import yaml
 
 from vitqs import results
-from vitqs.build import build_hamiltonian, build_network
-from vitqs.config import from_dict
-from vitqs.models.symmetrize import FINAL_SYMMETRIZE, final_symmetrized
-from vitqs.physics import exact
-from vitqs.vmc.driver import final_estimate
-from vitqs.vmc.sampler import ExactSampler
-from vitqs.vmc.sr import set_parameter_vector
-
-
-def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dict | None:
-    """Returns the enumerated energy of the run's final state, or None if not applicable.
-
-    ``symmetrize`` replaces the run's ``final.symmetrize`` (None: the run's own).
-
-    With ``optimizer.average_from`` the final state is the mean of the late iterates; the
-    row then also gives the energy of the last iterate measured in the loop, to show what
-    the averaging bought (``last_iterate_relative_error``).
-    """
-    run = _enumerable_run(path, max_dim, symmetrize)
-    if run is None:
-        return None
-    record, config, hamiltonian = run
-    state = results.load_checkpoint(record)
-    exact = record.exact["energy"]
-    energy = _enumerated_energy(config, hamiltonian, state["model"])
-    monte_carlo = record.final["energy"]
-    row = {
-        "name": record.name,
-        "dimension": hamiltonian.hilbert.dimension,
-        "monte_carlo": monte_carlo,
-        "monte_carlo_error": record.final["energy_error"],
-        "enumerated": energy,
-        "exact": exact,
-        "mc_relative_error": (monte_carlo - exact) / abs(exact),
-        "relative_error": (energy - exact) / abs(exact),
-    }
-    vmc_state = state.get("vmc") or {}
-    if vmc_state.get("average") is not None and vmc_state.get("last_good") is not None:
-        last = _enumerated_energy(config, hamiltonian, state["model"], vmc_state["last_good"][0])
-        row["last_iterate_relative_error"] = (last - exact) / abs(exact)
-    return row
-
-
-def _enumerable_run(path: Path, max_dim: int, symmetrize: str | None):
-    """Returns (record, config, Hamiltonian) of a finished run with an exact energy whose
-    sector has at most ``max_dim`` states, its final.symmetrize replaced by ``symmetrize``
-    if given; None otherwise."""
-    record = results.read_results(path)
-    if record.status != "finished" or record.exact is None:
-        return None
-    config = from_dict(yaml.safe_load(record.config_yaml))
-    if symmetrize is not None:
-        config.final.symmetrize = symmetrize
-    hamiltonian = build_hamiltonian(config)
-    if hamiltonian.hilbert.dimension > max_dim:
-        return None
-    return record, config, hamiltonian
-
-
-def _enumerated_energy(config, hamiltonian, model_state: dict, theta=None) -> float:
-    """Returns ⟨ψ|H|ψ⟩/⟨ψ|ψ⟩ summed over the sector, for the checkpoint's model (with the
-    parameter vector ``theta`` in place of its own, if given), symmetrized as the run was."""
-    model = _final_model(config, hamiltonian, model_state, theta)
-    with torch.no_grad():  # the exact sampler's weights make this a full sum, not an estimate
-        energy = final_estimate(hamiltonian, model, ExactSampler(hamiltonian.hilbert))
-    return energy.mean.real
-
-
-def _final_model(config, hamiltonian, model_state: dict, theta=None):
-    model = build_network(config, hamiltonian).cpu()
-    model.load_state_dict(model_state)
-    if theta is not None:
-        set_parameter_vector(model, theta)
-    return final_symmetrized(
-        model, config.final.symmetrize, hamiltonian.lattice, config.final.spin_flip
-    )
-
-
-def by_probability(path: Path, max_dim: int, symmetrize: str | None = None) -> dict | None:
-    """Returns the run's final state against the exact ground state, per decade of ``|φ|²``:
-    ``rows`` of (decade, states, exact weight, model weight, samples per step, distance),
-    the ``infidelity`` and the total ``distance``; None if not applicable (as `state_energy`)."""
-    run = _enumerable_run(path, max_dim, symmetrize)
-    if run is None:
-        return None
-    record, config, hamiltonian = run
-    model = _final_model(config, hamiltonian, results.load_checkpoint(record)["model"])
-    with torch.no_grad():
-        log_psi = ExactSampler(hamiltonian.hilbert).sample(model).log_psi.reshape(-1).numpy()
-    phi = exact.ground_state(hamiltonian, max_dim=max_dim, return_vector=True).vector
-    table = infidelity_by_probability(log_psi, phi, config.sampler.n_samples)
-    return {"name": record.name, **table}
-
-
-_LOWEST_DECADE = -30  # |φ|² below 1e-29 (or 0) share one row
-
-
-def infidelity_by_probability(log_psi: np.ndarray, phi: np.ndarray, n_samples: int) -> dict:
-    """Returns ψ = exp(log_psi) against φ over the same basis, per decade of ``|φ(x)|²``
-    (see the module's ``--by-probability``)."""
-    psi = np.exp(log_psi - log_psi.real.max())
-    psi /= np.linalg.norm(psi)
-    phi = phi / np.linalg.norm(phi)
-    overlap = np.vdot(phi, psi)
-    distance = np.abs(psi - overlap / abs(overlap) * phi) ** 2
-    weight = np.abs(phi) ** 2
-    with np.errstate(divide="ignore"):
-        decade = np.floor(np.log10(weight)).clip(min=_LOWEST_DECADE).astype(int)
-    rows = []
-    for d in sorted(set(decade.tolist()), reverse=True):
-        inside = decade == d
-        exact_weight = float(weight[inside].sum())
-        rows.append(
-            (d, int(inside.sum()), exact_weight, float((np.abs(psi[inside]) ** 2).sum()),
-             n_samples * exact_weight, float(distance[inside].sum()))
-        )  # fmt: skip
-    return {"rows": rows, "infidelity": 1 - abs(overlap) ** 2, "distance": float(distance.sum())}
+from vitqs.config import SYMMETRIZE
+from vitqs.report import LOWEST_DECADE, by_probability, state_energy
 
 
 def _print_by_probability(table: dict) -> None:
@@ -163,7 +47,7 @@ def _print_by_probability(table: dict) -> None:
     )
     print("|---|---|---|---|---|---|")
     for decade, states, exact_weight, model_weight, per_step, distance in table["rows"]:
-        span = f"< 1e{decade + 1}" if decade == _LOWEST_DECADE else f"1e{decade}..1e{decade + 1}"
+        span = f"< 1e{decade + 1}" if decade == LOWEST_DECADE else f"1e{decade}..1e{decade + 1}"
         print(
             f"| {span} | {states:,} | {exact_weight:.3e} | "
             f"{model_weight:.3e} | {per_step:.3g} | {distance / table['distance']:.1%} |"
@@ -176,7 +60,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-dim", type=int, default=2_000_000)
     parser.add_argument(
         "--symmetrize",
-        choices=FINAL_SYMMETRIZE,
+        choices=SYMMETRIZE,
         help="replace the run's final.symmetrize",
     )
     parser.add_argument(

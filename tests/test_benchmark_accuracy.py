@@ -2,20 +2,18 @@
 a stored row gains the enumerated energy of its trained state, shown beside the Monte Carlo
 relative error."""
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
+import benchmark_accuracy as bench  # scripts/ is on the tests' path (pyproject.toml)
 import pytest
 import yaml
 from _shell_helpers import keep_torch_threads, tiny_heisenberg  # noqa: F401
 
 from vitqs.cli import main
 from vitqs.config import ConfigError
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from vitqs.report import state_energy
 
 
 def _row(engine, relative_error):
@@ -61,16 +59,7 @@ def test_report_only_renders_stored_rows_and_keeps_the_prose(tmp_path):
     assert output.read_text().count("<!-- begin accuracy-table -->") == 1
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_enumerated_energy_lands_in_the_row_and_the_table(tmp_path):
-    bench = _script("benchmark_accuracy")
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(tiny_heisenberg(tmp_path / "unused")))
     rows_dir = tmp_path / "rows"
@@ -82,7 +71,7 @@ def test_enumerated_energy_lands_in_the_row_and_the_table(tmp_path):
     bench.enumerate_rows(rows_dir, "accuracy", max_dim=10_000)
     stored = json.loads((rows_dir / "accuracy__tiny.json").read_text())
 
-    expected = _script("state_energy").state_energy(Path(row["results_file"]), max_dim=10_000)
+    expected = state_energy(Path(row["results_file"]), max_dim=10_000)
     assert stored["enumerated_energy"] == pytest.approx(expected["enumerated"], rel=1e-12)
     assert stored["enumerated_relative_error"] >= 0  # variational: never below E_exact
     table = bench.render_table([stored], "system")
@@ -92,7 +81,6 @@ def test_enumerated_energy_lands_in_the_row_and_the_table(tmp_path):
 
 
 def test_kept_peers_come_back_marked_as_from_an_earlier_invocation(tmp_path):
-    bench = _script("benchmark_accuracy")
     rows_dir = tmp_path / "rows"
     bench._store(
         rows_dir, "accuracy", "tiny", {**_row("vitqs", 1e-3), "peers": [_row("netket", 2e-2)]}
@@ -108,7 +96,6 @@ def test_kept_peers_come_back_marked_as_from_an_earlier_invocation(tmp_path):
 
 
 def test_thread_env_holds_blas_openmp_and_xla_to_the_count():
-    bench = _script("benchmark_accuracy")
     one, two = bench.thread_env(1), bench.thread_env(2)
     assert one["OMP_NUM_THREADS"] == one["MKL_NUM_THREADS"] == "1"
     assert "multi_thread_eigen=false" in one["XLA_FLAGS"]
@@ -117,7 +104,6 @@ def test_thread_env_holds_blas_openmp_and_xla_to_the_count():
 
 
 def test_netket_only_refuses_the_modes_it_does_not_combine_with():
-    bench = _script("benchmark_accuracy")
     for extra in ("--with-netket", "--keep-peers", "--ablation"):
         with pytest.raises(ConfigError, match="--netket-only"):
             bench.main(["--systems", "heisenberg_chain16", "--netket-only", extra])
@@ -126,7 +112,6 @@ def test_netket_only_refuses_the_modes_it_does_not_combine_with():
 @pytest.mark.netket
 def test_netket_only_attaches_an_enumerated_peer_with_the_configs_threads(tmp_path, monkeypatch):
     pytest.importorskip("netket")
-    bench = _script("benchmark_accuracy")
     config_dir = tmp_path / "configs"
     config_dir.mkdir()
     data = tiny_heisenberg(tmp_path / "unused", threads=2)
@@ -170,7 +155,6 @@ def test_a_row_read_back_from_a_gpu_run_is_measured_against_the_published_energy
     # comes from the results file, names the GPU, and measures against the published energy
     from vitqs.results import read_results, write_results
 
-    bench = _script("benchmark_accuracy")
     config = tmp_path / "tiny.yaml"
     data = tiny_heisenberg(tmp_path / "out")
     data["exact"] = {"enabled": False}
@@ -198,7 +182,6 @@ def test_a_row_read_back_from_a_gpu_run_is_measured_against_the_published_energy
 
 
 def test_a_row_of_steps_on_another_power_of_psi_says_so(tmp_path):
-    bench = _script("benchmark_accuracy")
     config = tmp_path / "tiny.yaml"
     data = tiny_heisenberg(tmp_path / "out")
     data["sampler"]["machine_pow"] = 1.25
@@ -213,7 +196,6 @@ def test_a_row_of_steps_on_another_power_of_psi_says_so(tmp_path):
 
 
 def test_from_results_refuses_what_it_does_not_combine_with(tmp_path):
-    bench = _script("benchmark_accuracy")
     with pytest.raises(ConfigError, match="one system"):
         bench.main(["--systems", "j1j2_4x4", "j1j2_6x6", "--from-results", str(tmp_path)])
     with pytest.raises(ConfigError, match="no file"):
@@ -236,7 +218,6 @@ def test_bench_accuracy_help_names_the_command(capsys):
 
 
 def test_a_goal_is_judged_on_the_monte_carlo_estimate_and_its_error_bar():
-    bench = _script("benchmark_accuracy")
     exact = -10.0
     # |ΔE| + 2σ ≤ goal |E_exact|: 1e-5 + 2·2e-5 = 5e-5 relative
     assert bench.goal_met(exact - 1e-4, 2e-4, exact, goal=5e-5 + 1e-12)
@@ -248,7 +229,6 @@ def test_a_goal_is_judged_on_the_monte_carlo_estimate_and_its_error_bar():
 
 
 def test_goals_table_marks_full_sums_and_judges_mc_rows_not_their_enumeration():
-    bench = _script("benchmark_accuracy")
     exact = -7.142296360624
     # enumerated 5e-7 meets 1e-6, but the estimate ± its error does not
     mc = {
@@ -271,7 +251,6 @@ def test_goals_table_marks_full_sums_and_judges_mc_rows_not_their_enumeration():
 def test_the_machine_line_comes_from_the_rows_not_from_the_latest_invocation():
     # rows are run at different times: re-rendering on another machine once wrote that
     # machine for every row
-    bench = _script("benchmark_accuracy")
     xeon, epyc = "Xeon (2 cores)", "EPYC (2 cores)"
     rows = [
         {

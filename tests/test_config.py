@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vitqs import config as cfg
-from vitqs.build import build_hamiltonian, build_network, build_sampler, optimizer_settings
+from vitqs.build import build_hamiltonian, build_network, build_sampler
 from vitqs.config import ConfigError, apply_overrides, from_dict, load
 
 
@@ -315,7 +315,6 @@ def test_mutated_config_is_valid_or_a_one_line_error_naming_a_key(mutation, tmp_
             hamiltonian = build_hamiltonian(config)
             build_network(config, hamiltonian)
             build_sampler(config, hamiltonian)
-            optimizer_settings(config)
         except ConfigError as error:
             assert "\n" not in str(error)
         return

@@ -62,7 +62,7 @@ def test_full_sum_local_energies_from_the_sparse_matrix_equal_the_network_ones(n
     model = ComplexRBM(hamiltonian.n_sites, seed=5, scale=0.3)
     sampler = ExactSampler(hamiltonian.hilbert)
     samples = sampler.sample(model)
-    from_matrix = sampler.local_energy(hamiltonian, samples.log_psi)
+    from_matrix = sampler.sector_local_energy(hamiltonian, samples.log_psi)
     from_network = local_energy(hamiltonian, model, samples.x, samples.log_psi)
     assert from_matrix.shape == samples.log_psi.shape
     torch.testing.assert_close(from_matrix, from_network, rtol=1e-11, atol=1e-11)
@@ -78,7 +78,7 @@ def test_full_sum_local_energies_where_psi_vanishes_are_finite_and_weightless():
         model = LookupTable.from_vector(hamiltonian.hilbert, psi)
     sampler = ExactSampler(hamiltonian.hilbert)
     samples = sampler.sample(model)
-    e_loc = sampler.local_energy(hamiltonian, samples.log_psi)
+    e_loc = sampler.sector_local_energy(hamiltonian, samples.log_psi)
     assert bool(torch.isfinite(e_loc).all())
     stats = statistics(e_loc, samples.weights)
     dense = hamiltonian.to_dense()

@@ -17,7 +17,6 @@ from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
 from vitqs.run import final_discard, run_config
-from vitqs.vmc.driver import draw_samples, sample_local_energy
 from vitqs.vmc.estimators import statistics
 from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 
@@ -32,7 +31,7 @@ def test_repeated_final_measurements_agree_with_the_enumerated_energy():
     model = LookupTable(ham.hilbert, np.log(np.abs(ground)) + 0.3 * noise)
     full = ExactSampler(ham.hilbert)
     states = full.sample(model)
-    enumerated = statistics(sample_local_energy(ham, model, full, states), states.weights)
+    enumerated = statistics(full.local_energy(ham, model, states), states.weights)
     config = from_dict(
         tiny_heisenberg("unused", sampler={"n_samples": 512, "n_chains": 32, "n_discard": 2})
         | {"final": {"n_samples": 2048}}
@@ -46,8 +45,8 @@ def test_repeated_final_measurements_agree_with_the_enumerated_energy():
         sampler = chains.of_psi_squared()
         n_discard = final_discard(config, sampler)
         assert n_discard == 4 * 16  # 2,048 samples in 4 batches of 16 per chain: as many
-        samples = draw_samples(sampler, model, 2048, n_discard)
-        energy = statistics(sample_local_energy(ham, model, sampler, samples))
+        samples = sampler.draw(model, 2048, n_discard)
+        energy = statistics(sampler.local_energy(ham, model, samples))
         estimates.append(energy.mean.real)
         errors.append(energy.error_of_mean)
     # the mean of the 20 estimates lies within 2 of its standard errors of the exact value

@@ -7,10 +7,6 @@ the sign of the boson hopping J (visible on an odd ring, where it cannot be gaug
 of the chemical potential μ.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -24,16 +20,13 @@ from vitqs.physics.operators import BoseHubbard, Heisenberg  # noqa: E402
 
 pytestmark = pytest.mark.netket
 
-SCRIPTS = Path(__file__).parents[1] / "scripts"
 SMALL_SECTOR = 200  # compare whole spectra up to this dimension
 
 
 @pytest.fixture(scope="module")
 def peer():
-    spec = importlib.util.spec_from_file_location("netket_peer", SCRIPTS / "netket_peer.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # flax's dataclass transform looks the module up there
-    spec.loader.exec_module(module)
+    import netket_peer as module  # scripts/ is on the tests' path (pyproject.toml)
+
     reason = module.netket_available()
     if reason is not None:
         pytest.skip(reason)

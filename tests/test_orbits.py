@@ -189,7 +189,7 @@ def test_sums_over_orbits_equal_the_sums_over_the_sector(system, method):
     sums = []
     for sampler in (full, reduced):
         samples = sampler.sample(model)
-        e_loc = sampler.local_energy(hamiltonian, samples.log_psi)
+        e_loc = sampler.local_energy(hamiltonian, model, samples)
         stats = statistics(e_loc, samples.weights)
         jac = log_derivatives(model, samples.x[0])
         update = natural_gradient(

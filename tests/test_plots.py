@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from test_results import make_record
 
-from vitqs.plots import markdown_table, plot_run, plot_sweep, report
+from vitqs.plots import plot_run, plot_sweep
+from vitqs.report import markdown_table, report
 from vitqs.results import ResultsError, write_results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

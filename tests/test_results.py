@@ -318,7 +318,7 @@ def test_results_path_and_its_name_check(tmp_path):
 
 def test_summary_row_of_finished_and_running_runs():
     finished = summary_row(make_record())
-    assert finished["iterations"] == 5
+    assert finished["n_iter"] == 5
     assert finished["energy"] == pytest.approx(EXACT_ENERGY + 1e-3)
     assert finished["relative_error"] == pytest.approx(1e-3 / abs(EXACT_ENERGY))
     assert finished["exact_energy"] == EXACT_ENERGY

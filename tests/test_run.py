@@ -475,13 +475,13 @@ def test_annealed_run_starts_on_the_first_hamiltonian_and_ends_on_the_config_s(t
     assert summary["energy"] >= summary["exact_energy"] - 1e-10
 
     anneal = Anneal(config, target)
-    middle = anneal.hamiltonian_at(0.25)  # half way: U = 2.5
-    assert anneal.fraction == 0.5
+    middle, fraction = anneal(0.25)  # half way: U = 2.5
+    assert fraction == 0.5
     np.testing.assert_allclose(
         middle.to_dense(), BoseHubbard(target.lattice, 1.0, 2.5, n_particles=4).to_dense()
     )
     assert middle.hilbert is target.hilbert  # its index tables are built once per run
-    assert anneal.hamiltonian_at(0.5) is target and anneal.fraction == 1.0
+    assert anneal(0.5) == (target, 1.0)
 
 
 def test_a_run_without_anneal_records_the_config_s_hamiltonian(tmp_path):
@@ -605,7 +605,7 @@ def test_init_from_starts_from_the_earlier_run_s_final_state_averaged_or_not(tmp
 
 def test_init_from_starts_the_chains_from_the_earlier_run_s_chains(tmp_path):
     from vitqs.build import build_vmc
-    from vitqs.run import start_from_results
+    from vitqs.checkpoint import start_from_results
 
     run_config(from_dict(tiny_heisenberg(tmp_path / "out")), progress=False)
     h5 = tmp_path / "out" / "tiny.h5"

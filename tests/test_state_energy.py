@@ -1,7 +1,7 @@
-"""``scripts/state_energy.py``: the enumerated energy of a trained state is the dense
-Rayleigh quotient of the same (translation-averaged) state, never below the ground state."""
+"""``vitqs.report.state_energy``: the enumerated energy of a trained state is the dense
+Rayleigh quotient of the same (translation-averaged) state, never below the ground state;
+``scripts/state_energy.py`` prints it."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +14,8 @@ from vitqs.build import build_hamiltonian, build_network
 from vitqs.config import from_dict
 from vitqs.models import Symmetrized
 from vitqs.physics.lattice import Lattice
+from vitqs.report import by_probability, infidelity_by_probability, state_energy
 from vitqs.run import run_config
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "state_energy.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("state_energy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _dense_energy(model, hamiltonian, group) -> float:
@@ -42,7 +34,7 @@ def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_pat
     )
     config = from_dict(data)
     summary = run_config(config, progress=False)
-    row = _script().state_energy(Path(summary["results_file"]), max_dim=10_000)
+    row = state_energy(Path(summary["results_file"]), max_dim=10_000)
 
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
@@ -56,7 +48,7 @@ def test_enumerated_energy_of_a_monte_carlo_run_is_its_rayleigh_quotient(tmp_pat
     assert row["relative_error"] >= 0
     # the Monte Carlo final energy estimates the same number
     assert abs(row["monte_carlo"] - row["enumerated"]) < 6 * row["monte_carlo_error"] + 1e-12
-    assert _script().state_energy(Path(summary["results_file"]), max_dim=10) is None
+    assert state_energy(Path(summary["results_file"]), max_dim=10) is None
     assert "last_iterate_relative_error" not in row  # no averaging in this run
 
 
@@ -66,7 +58,7 @@ def test_an_averaged_run_also_reports_its_last_iterate(tmp_path):
     data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 6, "average_from": 0.5})
     config = from_dict(data)
     summary = run_config(config, progress=False)
-    row = _script().state_energy(Path(summary["results_file"]), max_dim=10_000)
+    row = state_energy(Path(summary["results_file"]), max_dim=10_000)
     record = results.read_results(summary["results_file"])
     theta_last = results.load_checkpoint(record)["vmc"]["last_good"][0]
 
@@ -93,8 +85,8 @@ def test_another_final_average_can_be_asked_for(tmp_path):
     config = from_dict(data)
     summary = run_config(config, progress=False)
     path = Path(summary["results_file"])
-    own = _script().state_energy(path, max_dim=10_000)
-    other = _script().state_energy(path, max_dim=10_000, symmetrize="space_group")
+    own = state_energy(path, max_dim=10_000)
+    other = state_energy(path, max_dim=10_000, symmetrize="space_group")
 
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
@@ -112,7 +104,7 @@ def test_distance_by_probability_lies_where_the_state_differs():
     phi = np.sqrt(weights / weights.sum())
     psi = phi.copy()
     psi[4] *= 1.1
-    table = _script().infidelity_by_probability(np.log(psi) + 3.0, -phi, n_samples=1000)
+    table = infidelity_by_probability(np.log(psi) + 3.0, -phi, n_samples=1000)
     rows = {row[0]: row for row in table["rows"]}
     assert sorted(rows) == [-6, -5, -4, -3, -2, -1]
     assert rows[-5][5] == pytest.approx(table["distance"], rel=1e-3)
@@ -123,13 +115,14 @@ def test_distance_by_probability_lies_where_the_state_differs():
 
 
 def test_by_probability_of_a_run_against_dense_ed(tmp_path, capsys):
+    import state_energy as script  # scripts/state_energy.py: the command line
     from _shell_helpers import tiny_bose_hubbard
 
     data = tiny_bose_hubbard(tmp_path / "out", lattice={"shape": [6], "pbc": True})
     data["hamiltonian"].update(n_particles=6, U=6.0)
     config = from_dict(data)
     summary = run_config(config, progress=False)
-    table = _script().by_probability(Path(summary["results_file"]), max_dim=10_000)
+    table = by_probability(Path(summary["results_file"]), max_dim=10_000)
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
     model.load_state_dict(
@@ -145,7 +138,7 @@ def test_by_probability_of_a_run_against_dense_ed(tmp_path, capsys):
     assert sum(row[2] for row in table["rows"]) == pytest.approx(1.0, rel=1e-12)
     assert sum(row[3] for row in table["rows"]) == pytest.approx(1.0, rel=1e-12)
     assert table["distance"] == pytest.approx(2 * (1 - np.sqrt(overlap)), rel=1e-8)
-    assert _script().main([summary["results_file"], "--by-probability"]) == 0
+    assert script.main([summary["results_file"], "--by-probability"]) == 0
     printed = capsys.readouterr().out
     assert f"tiny_bh: infidelity {table['infidelity']:.3e}" in printed
     assert printed.count("| 1e") == len(table["rows"])
@@ -154,9 +147,8 @@ def test_by_probability_of_a_run_against_dense_ed(tmp_path, capsys):
 def test_repeated_final_measurements_of_a_trained_averaged_run(tmp_path):
     # scripts/final_bias.py: the steps' distribution (|ψ|^1.25 of the last iterate) first,
     # then the final state (averaged, translation-averaged, |ψ|²) with each discard
-    spec = importlib.util.spec_from_file_location("final_bias", SCRIPT.parent / "final_bias.py")
-    final_bias = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(final_bias)
+    import final_bias
+
     data = tiny_heisenberg(
         tmp_path / "out",
         lattice={"shape": [8], "pbc": True},
@@ -166,7 +158,7 @@ def test_repeated_final_measurements_of_a_trained_averaged_run(tmp_path):
     )
     summary = run_config(from_dict(data), progress=False)
     found = final_bias.repeated_finals(Path(summary["results_file"]), 4, [0, 16], 5)
-    enumerated = _script().state_energy(Path(summary["results_file"]), max_dim=10_000)
+    enumerated = state_energy(Path(summary["results_file"]), max_dim=10_000)
     assert found["enumerated"] == pytest.approx(enumerated["enumerated"], rel=1e-12)
     assert found["default"] == 32  # 512 final samples: 8 batches of 4 per chain (64 in 16)
     for discard, values in found["measured"].items():

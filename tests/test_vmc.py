@@ -9,22 +9,20 @@ from _shell_helpers import tiny_bose_hubbard, tiny_heisenberg
 from _vmc_helpers import ComplexRBM, exact_ground_state, single_thread  # noqa: F401
 
 from vitqs.build import build_vmc
-from vitqs.config import from_dict
+from vitqs.config import OptimizerConfig, from_dict
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
-from vitqs.vmc.driver import (
-    VMC,
-    NonFiniteEnergyError,
-    OptimizerSettings,
-    final_estimate,
-    optimize,
-    sample_local_energy,
+from vitqs.vmc.driver import VMC, NonFiniteEnergyError, final_estimate
+from vitqs.vmc.estimators import (
+    evaluate_log_psi,
+    importance_weights,
+    local_energy,
     sample_statistics,
+    statistics,
 )
-from vitqs.vmc.estimators import evaluate_log_psi, importance_weights, local_energy, statistics
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler, Samples
+from vitqs.vmc.optimizers import Adam
+from vitqs.vmc.sampler import ExactSampler, MetropolisSampler, Sampler, Samples
 from vitqs.vmc.sr import (
-    Adam,
     clip_local_energy,
     energy_gradient,
     force,
@@ -82,9 +80,9 @@ def test_full_sum_sr_reaches_the_exact_ground_state_of_a_4_site_chain():
     hamiltonian = Heisenberg(Lattice((4,)))
     energy, _ = exact_ground_state(hamiltonian)
     model = ComplexRBM(4, n_hidden=8, scale=0.1, seed=0)
-    settings = OptimizerSettings(lr=0.1, diag_shift=1e-4, n_iter=150)
+    settings = OptimizerConfig(lr=0.1, diag_shift=1e-4, n_iter=150)
     sampler = ExactSampler(hamiltonian.hilbert)
-    results = list(optimize(hamiltonian, model, sampler, settings))
+    results = list(VMC(hamiltonian, model, sampler, settings).run())
     assert results[-1].energy.mean.real == pytest.approx(energy, rel=1e-6)
     assert [r.step for r in results] == list(range(150))
     assert math.isnan(results[-1].acceptance)
@@ -96,7 +94,7 @@ def test_monte_carlo_run_lowers_the_energy_and_reports_every_phase():
     energy, _ = exact_ground_state(hamiltonian)
     model = ComplexRBM(4, n_hidden=6, scale=0.1, seed=1)
     sampler = MetropolisSampler(hamiltonian, n_samples=256, n_chains=32, n_discard=2, seed=2)
-    settings = OptimizerSettings(method="sr", lr=0.05, diag_shift=1e-2, n_iter=40)
+    settings = OptimizerConfig(method="sr", lr=0.05, diag_shift=1e-2, n_iter=40)
     results = list(VMC(hamiltonian, model, sampler, settings).run())
     first, last = results[0], results[-1]
     assert last.energy.mean.real < first.energy.mean.real
@@ -108,19 +106,19 @@ def test_monte_carlo_run_lowers_the_energy_and_reports_every_phase():
 def test_adam_runs_and_lowers_the_energy():
     hamiltonian = Heisenberg(Lattice((4,)))
     model = ComplexRBM(4, n_hidden=4, scale=0.1, seed=3)
-    settings = OptimizerSettings(method="adam", lr=0.02, n_iter=60)
-    results = list(optimize(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings))
+    settings = OptimizerConfig(method="adam", lr=0.02, n_iter=60)
+    results = list(VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings).run())
     assert results[-1].energy.mean.real < results[0].energy.mean.real - 0.5
 
 
 def test_schedules_reach_the_step_results():
     hamiltonian = Heisenberg(Lattice((4,)))
-    settings = OptimizerSettings(
+    settings = OptimizerConfig(
         lr=0.1, lr_final=0.01, lr_schedule="exponential", diag_shift=1e-2,
         diag_shift_final=1e-4, diag_shift_schedule="cosine", n_iter=4,
     )  # fmt: skip
     model = ComplexRBM(4, seed=4)
-    results = list(optimize(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings))
+    results = list(VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings).run())
     assert [r.lr for r in results] == pytest.approx([0.1 * 0.1 ** (k / 4) for k in range(4)])
     assert results[0].diag_shift == pytest.approx(1e-2)
     assert results[2].diag_shift == pytest.approx((1e-2 + 1e-4) / 2)
@@ -129,7 +127,7 @@ def test_schedules_reach_the_step_results():
 def test_nan_guard_undoes_the_update_and_retries_with_a_larger_shift():
     hamiltonian = FlakyHamiltonian(Heisenberg(Lattice((4,))), poisoned={1})  # step 1's energy
     model = ComplexRBM(4, seed=5)
-    settings = OptimizerSettings(lr=0.05, diag_shift=1e-3, n_iter=3)
+    settings = OptimizerConfig(lr=0.05, diag_shift=1e-3, n_iter=3)
     vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings)
     theta_0 = parameter_vector(model)
     first = vmc.step()
@@ -145,8 +143,8 @@ def test_nan_guard_undoes_the_update_and_retries_with_a_larger_shift():
 def test_nan_guard_stops_with_an_error_naming_the_step_and_last_energy():
     hamiltonian = FlakyHamiltonian(Heisenberg(Lattice((4,))), poisoned_from=2)
     model = ComplexRBM(4, seed=6)
-    settings = OptimizerSettings(lr=0.05, n_iter=10, max_retries=5)
-    vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings)
+    settings = OptimizerConfig(lr=0.05, n_iter=10)
+    vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings, max_retries=5)
     results = []
     with pytest.raises(NonFiniteEnergyError, match="step 2") as error:
         for result in vmc.run():
@@ -162,7 +160,7 @@ def test_non_finite_update_is_not_applied(monkeypatch):
 
     hamiltonian = Heisenberg(Lattice((4,)))
     model = ComplexRBM(4, seed=7)
-    vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), OptimizerSettings(lr=0.05))
+    vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), OptimizerConfig(lr=0.05))
     real_solve, calls = vmc_module.natural_gradient, []
 
     def flaky_solve(*args, **kwargs):
@@ -186,7 +184,7 @@ def test_checkpoint_resumes_the_same_trajectory(chain_dtype):
         sampler = MetropolisSampler(
             hamiltonian, n_samples=64, n_chains=16, seed=9, dtype=chain_dtype
         )
-        settings = OptimizerSettings(method="adam", lr=0.01, n_iter=10)
+        settings = OptimizerConfig(method="adam", lr=0.01, n_iter=10)
         return model, sampler, VMC(hamiltonian, model, sampler, settings)
 
     model, sampler, vmc = build()
@@ -209,7 +207,7 @@ def test_checkpoint_resumes_the_same_trajectory(chain_dtype):
 def test_parameters_are_averaged_over_the_late_steps_and_kept_in_checkpoints():
     hamiltonian = Heisenberg(Lattice((4,)))
     model = ComplexRBM(4, seed=12)
-    settings = OptimizerSettings(lr=0.05, n_iter=8, average_from=0.5)
+    settings = OptimizerConfig(lr=0.05, n_iter=8, average_from=0.5)
     vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings)
     measured = []  # θ before each step: the parameters whose energy that step measured
     for _ in range(5):
@@ -228,7 +226,7 @@ def test_parameters_are_averaged_over_the_late_steps_and_kept_in_checkpoints():
     resumed.load_state_dict(state)
     assert resumed.averaged_parameters()[1] == 1
     with pytest.raises(ValueError, match="optimizer.average_from"):
-        OptimizerSettings(average_from=1.5)
+        OptimizerConfig(average_from=1.5)
 
 
 @pytest.mark.usefixtures("single_thread")
@@ -238,7 +236,7 @@ def test_clipping_changes_the_step_but_not_the_measured_energy():
     def one_step(clip):
         model = ComplexRBM(6, seed=4)
         sampler = MetropolisSampler(hamiltonian, n_samples=128, n_chains=16, seed=5)
-        settings = OptimizerSettings(lr=0.05, n_iter=1, clip_local_energy=clip)
+        settings = OptimizerConfig(lr=0.05, n_iter=1, clip_local_energy=clip)
         result = VMC(hamiltonian, model, sampler, settings).step()
         return result.energy, parameter_vector(model)
 
@@ -251,17 +249,20 @@ def test_clipping_changes_the_step_but_not_the_measured_energy():
     assert cut_energy.mean == loose_energy.mean == plain_energy.mean
     assert cut_energy.error_of_mean == plain_energy.error_of_mean
     with pytest.raises(ValueError, match="optimizer.clip_local_energy"):
-        OptimizerSettings(clip_local_energy=-1.0)
+        OptimizerConfig(clip_local_energy=-1.0)
 
 
-class FixedSampler:
+class FixedSampler(Sampler):
     """Returns the same Monte Carlo samples at every call."""
+
+    local_energy = MetropolisSampler.local_energy  # through the network, as chains' samples
 
     def __init__(self, x, model, log_importance=None):
         log_psi = evaluate_log_psi(model, x.reshape(-1, x.shape[-1])).reshape(x.shape[:-1])
         self.samples = Samples(x, log_psi, None, 0.5, log_importance)
+        self.n_samples = self.samples.n_samples
 
-    def sample(self, model):
+    def sample(self, model, n_discard=None):
         return self.samples
 
 
@@ -283,7 +284,7 @@ def test_a_step_on_repeated_samples_equals_the_step_over_every_row(method, clip)
     else:
         expected = natural_gradient(jac, e_force, diag_shift=1e-3, method=method)
     theta = parameter_vector(model)
-    settings = OptimizerSettings(method=method, lr=0.1, diag_shift=1e-3, clip_local_energy=clip)
+    settings = OptimizerConfig(method=method, lr=0.1, diag_shift=1e-3, clip_local_energy=clip)
     result = VMC(hamiltonian, model, FixedSampler(x, model), settings).step()
     expected_theta = theta - 0.1 * expected
     torch.testing.assert_close(parameter_vector(model), expected_theta, rtol=1e-10, atol=1e-12)
@@ -311,7 +312,7 @@ def test_a_step_on_importance_weighted_samples_weighs_each_row_by_its_normalised
     e_force = e_loc if clip is None else clip_local_energy(e_loc, clip, weights)
     expected = natural_gradient(jac, e_force, diag_shift=1e-3, weights=weights, method=method)
     theta = parameter_vector(model)
-    settings = OptimizerSettings(method=method, lr=0.1, diag_shift=1e-3, clip_local_energy=clip)
+    settings = OptimizerConfig(method=method, lr=0.1, diag_shift=1e-3, clip_local_energy=clip)
     sampler = FixedSampler(x, model, log_importance)
     result = VMC(hamiltonian, model, sampler, settings).step()
     torch.testing.assert_close(
@@ -329,7 +330,7 @@ def test_samples_of_a_lower_power_give_the_energy_and_force_of_psi_squared():
     exact_sampler = ExactSampler(hamiltonian.hilbert)
     exact_samples = exact_sampler.sample(model)
     all_states = exact_samples.x.reshape(-1, 4)
-    exact_e = sample_local_energy(hamiltonian, model, exact_sampler, exact_samples).reshape(-1)
+    exact_e = exact_sampler.local_energy(hamiltonian, model, exact_samples).reshape(-1)
     exact_weights = exact_samples.weights.reshape(-1)
     exact_force = force(log_derivatives(model, all_states), exact_e, exact_weights)
     sampler = MetropolisSampler(
@@ -362,11 +363,11 @@ def test_final_estimate_uses_the_requested_samples():
 
 def test_bad_settings_raise_with_the_config_key():
     with pytest.raises(ValueError, match="optimizer.method"):
-        OptimizerSettings(method="sgd")
+        OptimizerConfig(method="sgd")
     with pytest.raises(ValueError, match="optimizer.lr_schedule"):
-        OptimizerSettings(lr_schedule="linear")
+        OptimizerConfig(lr_schedule="linear")
     with pytest.raises(ValueError, match="optimizer.lr"):
-        OptimizerSettings(lr=-1.0)
+        OptimizerConfig(lr=-1.0)
 
 
 @pytest.mark.parametrize("tiny", [tiny_heisenberg, tiny_bose_hubbard])
@@ -396,7 +397,7 @@ def test_float32_local_energies_are_refused_for_a_full_sum():
             hamiltonian,
             ComplexRBM(4),
             sampler,
-            OptimizerSettings(),
+            OptimizerConfig(),
             local_energy_dtype=torch.float32,
         )
 
@@ -407,7 +408,7 @@ def test_cuda_smoke():
     hamiltonian = Heisenberg(Lattice((6,)))
     model = ComplexRBM(6, seed=12).to("cuda")
     sampler = MetropolisSampler(hamiltonian, n_samples=256, n_chains=64, seed=13)
-    results = list(optimize(hamiltonian, model, sampler, OptimizerSettings(lr=0.02, n_iter=3)))
+    results = list(VMC(hamiltonian, model, sampler, OptimizerConfig(lr=0.02, n_iter=3)).run())
     assert all(math.isfinite(r.energy.mean.real) for r in results)
     assert sampler.state_dict()["chains"].device.type == "cpu"
 
@@ -426,8 +427,8 @@ def test_cuda_float32_chains_and_trust_bound():
     with torch.no_grad():
         expected = model(x.to(torch.float64))
     torch.testing.assert_close(samples.log_psi.reshape(-1), expected, rtol=0, atol=1e-12)
-    settings = OptimizerSettings(lr=0.02, n_iter=14, max_update_ratio=1.0)
-    results = list(optimize(hamiltonian, model, sampler, settings))
+    settings = OptimizerConfig(lr=0.02, n_iter=14, max_update_ratio=1.0)
+    results = list(VMC(hamiltonian, model, sampler, settings).run())
     assert all(math.isfinite(r.energy.mean.real) for r in results)
     assert any(r.update_capped for r in results)
 
@@ -440,7 +441,7 @@ def test_cuda_float32_local_energies():
     for dtype in (None, torch.float32):
         model = ComplexRBM(6, seed=12).to("cuda")
         sampler = MetropolisSampler(hamiltonian, n_samples=256, n_chains=64, seed=13)
-        vmc = VMC(hamiltonian, model, sampler, OptimizerSettings(), local_energy_dtype=dtype)
+        vmc = VMC(hamiltonian, model, sampler, OptimizerConfig(), local_energy_dtype=dtype)
         energies[dtype] = vmc.step().energy.mean
     assert energies[torch.float32] != energies[None]
     assert abs(energies[torch.float32] - energies[None]) < 1e-5 * abs(energies[None])
@@ -460,10 +461,10 @@ def _optimise_vit(
         hamiltonian, n_samples=n_samples, n_chains=n_chains, n_discard=2, seed=seed
     )
     schedule = "constant" if lr_final is None else "exponential"
-    settings = OptimizerSettings(
+    settings = OptimizerConfig(
         lr=0.05, lr_final=lr_final, lr_schedule=schedule, diag_shift=1e-3, n_iter=n_iter
     )
-    for _ in optimize(hamiltonian, model, sampler, settings):
+    for _ in VMC(hamiltonian, model, sampler, settings).run():
         pass
     return final_estimate(hamiltonian, model, sampler, n_samples=16384)
 
@@ -512,7 +513,7 @@ def test_vit_reaches_the_bose_hubbard_chain_ground_state():
 def test_nan_guard_with_adam_drops_the_moments_of_the_undone_update():
     hamiltonian = FlakyHamiltonian(Heisenberg(Lattice((4,))), poisoned={1})
     model = ComplexRBM(4, seed=14)
-    settings = OptimizerSettings(method="adam", lr=0.01, n_iter=3)
+    settings = OptimizerConfig(method="adam", lr=0.01, n_iter=3)
     vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings)
     results = list(vmc.run())
     assert [r.n_retries for r in results] == [0, 1, 0]
@@ -523,7 +524,7 @@ def test_nan_guard_with_adam_drops_the_moments_of_the_undone_update():
 def test_schedules_follow_a_wall_clock_budget_that_ends_first():
     # a budget half spent at step 1 of 100: the schedule is half way, not at 1 %
     hamiltonian = Heisenberg(Lattice((4,)))
-    settings = OptimizerSettings(
+    settings = OptimizerConfig(
         lr=0.1,
         lr_final=0.001,
         lr_schedule="exponential",
@@ -531,13 +532,14 @@ def test_schedules_follow_a_wall_clock_budget_that_ends_first():
         diag_shift_final=1e-4,
         diag_shift_schedule="exponential",
         n_iter=100,
+        max_seconds=100.0,
     )
     vmc = VMC(hamiltonian, ComplexRBM(4, seed=1), ExactSampler(hamiltonian.hilbert), settings)
     assert vmc.step().lr == pytest.approx(0.1)
-    vmc.budget_progress = 0.5
+    vmc.seconds = 50.0  # the loop's clock, which run() keeps
     result = vmc.step()
     assert result.lr == pytest.approx(0.01) and result.diag_shift == pytest.approx(1e-3)
-    vmc.budget_progress = 0.001  # behind the step count: the steps lead
+    vmc.seconds = 0.1  # behind the step count: the steps lead
     assert vmc.step().lr == pytest.approx(0.1 * 0.01 ** (2 / 100))
 
 
@@ -545,7 +547,7 @@ def _trust_bound_vmc(ratio):
     hamiltonian = Heisenberg(Lattice((6,)))
     model = ComplexRBM(6, seed=21)
     sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=22)
-    settings = OptimizerSettings(lr=0.05, n_iter=40, max_update_ratio=ratio)
+    settings = OptimizerConfig(lr=0.05, n_iter=40, max_update_ratio=ratio)
     return model, VMC(hamiltonian, model, sampler, settings)
 
 
@@ -610,4 +612,4 @@ def test_trust_bound_history_is_kept_in_checkpoints():
 
 def test_trust_bound_below_one_is_refused():
     with pytest.raises(ValueError, match=r"optimizer.max_update_ratio=0.5 must be >= 1"):
-        OptimizerSettings(max_update_ratio=0.5)
+        OptimizerConfig(max_update_ratio=0.5)

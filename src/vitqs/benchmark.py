@@ -26,13 +26,6 @@ from vitqs.vmc.driver import VMC
 PHASES = ("sampling", "local_energy", "jacobian", "solve", "other")
 
 
-def method_used(method: str, n_samples: int, n_params: int) -> str:
-    """Returns the solve ``vitqs.vmc.sr.natural_gradient`` picks: kernel when ``2 N_s < P``."""
-    if method != "auto":
-        return method
-    return "minsr" if 2 * n_samples < n_params else "sr"
-
-
 def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     """Returns median seconds per VMC step and per phase, throughputs and peak memory.
 
@@ -64,23 +57,24 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     warmup = [_timed_step(vmc) for _ in range(n_warmup)]
     steps = [_timed_step(vmc) for _ in range(n_iter)]
-    per_iter = pystats.median(total for total, _ in steps)
+    per_iter = pystats.median(total for total, _, _ in steps)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     n_samples = sampler.n_samples
-    seconds = {phase: pystats.median(t[phase] for _, t in steps) for phase in PHASES}
-    n_proposals = getattr(sampler, "n_chains", 1) * getattr(sampler, "sweep_size", 0)
-    n_proposals *= getattr(sampler, "n_discard", 0) + getattr(sampler, "n_per_chain", 0)
+    seconds = {phase: pystats.median(t[phase] for _, t, _ in steps) for phase in PHASES}
+    # an exact sum makes no proposals
+    n_proposals = sampler.n_chains * getattr(sampler, "sweep_size", 0)
+    n_proposals *= sampler.n_discard + sampler.n_per_chain
     return {
         "seconds_per_iter": per_iter,
         "seconds": seconds,
-        "seconds_warmup": sum(total for total, _ in warmup) - n_warmup * per_iter,
+        "seconds_warmup": sum(total for total, _, _ in warmup) - n_warmup * per_iter,
         "samples_per_second": n_samples / seconds["sampling"],
         "proposals_per_second": n_proposals / seconds["sampling"],
         "local_energies_per_second": n_samples / seconds["local_energy"],
         "peak_memory_mib": _peak_memory_mib(device),
         "n_params": n_params,
         "n_samples": n_samples,
-        "method_used": method_used(config.optimizer.method, n_samples, n_params),
+        "method_used": steps[-1][2],  # the solve the step ran (auto resolved)
         "device": str(device),
         "dtype": config.dtype,
         "chain_dtype": config.sampler.dtype or config.dtype,
@@ -91,13 +85,13 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     }
 
 
-def _timed_step(vmc: VMC) -> tuple[float, dict[str, float]]:
+def _timed_step(vmc: VMC) -> tuple[float, dict[str, float], str]:
     start = time.perf_counter()
     result = vmc.step()
     total = time.perf_counter() - start  # VMC's phase laps synchronise CUDA already
     phases = {phase: result.timings.get(phase, 0.0) for phase in PHASES[:-1]}
     phases["other"] = total - sum(phases.values())
-    return total, phases
+    return total, phases, result.method
 
 
 def _peak_memory_mib(device: torch.device) -> float:

@@ -139,7 +139,7 @@ def _run_text(summary: dict) -> str:
 
 
 def _cmd_report(args) -> int:
-    from vitqs.plots import report
+    from vitqs.report import report
     from vitqs.results import ResultsError, read_results
 
     try:
@@ -157,7 +157,7 @@ def _cmd_report(args) -> int:
 def _cmd_sweep(args) -> int:
     from vitqs import distributed
     from vitqs.build import resolve_device
-    from vitqs.plots import markdown_table
+    from vitqs.report import markdown_table
     from vitqs.sweep import load_sweep, point_configs, run_sweep
 
     spec = load_sweep(args.sweep)
@@ -188,13 +188,36 @@ def _cmd_bench(args) -> int:
 
 
 def _bench_accuracy(args) -> int:
-    import runpy
+    import os
+    import subprocess
 
-    # a checkout's script: it drives netket beside vitqs, and nothing in src/ imports netket
+    def direct(stream):  # a caller's io.StringIO has no file descriptor for the child
+        try:
+            stream.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            return subprocess.PIPE
+        return stream
+
+    # a checkout's script: it drives netket beside vitqs, and nothing in src/ imports netket.
+    # Run as a program, it finds its sibling scripts (netket_peer) on its own path.
     script = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_accuracy.py"
     if not script.exists():
         raise ConfigError(f"bench accuracy runs '{script}', which needs a checkout of vitqs")
-    return runpy.run_path(str(script))["main"](args.extra, prog="vitqs bench accuracy")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    done = subprocess.run(
+        [sys.executable, str(script), *args.extra],
+        stdout=direct(sys.stdout),
+        stderr=direct(sys.stderr),
+        env={**os.environ, "VITQS_PROG": "vitqs bench accuracy"},  # its usage and errors
+        text=True,
+    )
+    for text, stream in ((done.stdout, sys.stdout), (done.stderr, sys.stderr)):
+        if text:  # what went through a pipe
+            stream.write(text)
+    if "-h" in args.extra or "--help" in args.extra:
+        raise SystemExit(done.returncode)  # as every other command's --help: argparse exits
+    return done.returncode
 
 
 def _bench_speed(args) -> int:

@@ -220,7 +220,9 @@ def option(
 # solves, the models their kinds); nothing else spells them out.
 
 SAMPLER_KINDS = ("metropolis", "full_sum")
-RULES = ("auto", "exchange", "exchange_global", "hop")
+SPIN_RULES = ("exchange", "exchange_global")  # the first is what auto picks
+BOSON_RULES = ("hop",)
+RULES = ("auto", *SPIN_RULES, *BOSON_RULES)
 NATURAL_GRADIENTS = ("auto", "sr", "minsr")  # auto: the smaller of the two solves
 METHODS = (*NATURAL_GRADIENTS, "adam")
 SCHEDULES = ("constant", "exponential", "cosine")

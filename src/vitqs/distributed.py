@@ -241,11 +241,17 @@ def share_parameters(model: torch.nn.Module) -> None:
         tensor.copy_(broadcast_from_root(tensor.detach()))
 
 
-def agree(signal_number: int | None, seconds: float) -> tuple[int | None, float]:
+def agree_signal(signal_number: int | None) -> int | None:
     """Returns one decision for every rank after a step: a signal any rank received (the
-    largest number), and the longest time any rank has counted. On one process, the inputs."""
+    largest number), or None. On one process, the input."""
     if world_size() == 1:
-        return signal_number, seconds
-    values = reduce_max(torch.tensor([float(signal_number or 0), float(seconds)]))
-    agreed_signal = int(values[0])
-    return (agreed_signal or None), float(values[1])
+        return signal_number
+    agreed = int(reduce_max(torch.tensor([float(signal_number or 0)]))[0])
+    return agreed or None
+
+
+def agree_max(seconds: float) -> float:
+    """Returns the largest ``seconds`` any rank counted (a wall clock all ranks follow)."""
+    if world_size() == 1:
+        return seconds
+    return float(reduce_max(torch.tensor([float(seconds)])))

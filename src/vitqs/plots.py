@@ -1,4 +1,4 @@
-"""Figures and summary tables from results files: one run, a folder of runs, a sweep.
+"""Figures from results files: one run, a parameter sweep. The tables are ``vitqs.report``'s.
 
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas directly, so this module
 never selects or changes the global pyplot backend of the program that imports it.
@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from vitqs.results import SUMMARY_COLUMNS, ResultsError, RunRecord, read_results, summary_row
+from vitqs.results import RunRecord
 
 ORDER_PARAMETERS = ("condensate_fraction", "structure_factor_peak")
 
@@ -102,71 +102,6 @@ def _plot_variance(history, title, path: Path) -> Path | None:
     axes.plot(history["step"], variance, lw=1.0)
     axes.set_title(title)
     return _save(figure, path)
-
-
-# ---- folders of runs -------------------------------------------------------------------------
-
-
-def report(path: str | Path) -> tuple[str, list[Path]]:
-    """Returns (markdown table, written PNGs) for one results file or every ``*.h5`` below a
-    folder (recursive).
-
-    Figures of ``<dir>/<name>.h5`` go to ``<dir>/<name>/``. A file that does not read as a
-    results file becomes a table row with status ``unreadable: <reason>``. Raises
-    ResultsError when ``path`` does not exist or is a folder without results files.
-    """
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(path.rglob("*.h5"))
-        if not files:
-            raise ResultsError(f"{path}: no results files (*.h5) in this folder or below")
-    elif path.exists():
-        files = [path]
-    else:
-        raise ResultsError(f"{path}: no such results file or folder")
-    rows, pngs = [], []
-    for file in files:
-        try:
-            record = read_results(file)
-        except ResultsError as err:
-            rows.append(_unreadable_row(file, err))
-            continue
-        pngs += plot_run(record, file.with_suffix(""))
-        rows.append(summary_row(record))
-    return markdown_table(rows, SUMMARY_COLUMNS), pngs
-
-
-def _unreadable_row(file: Path, err: ResultsError) -> dict:
-    # the message names the file already; keep only the reason after it
-    reason = str(err).removeprefix(str(file)).lstrip(": ")
-    return {"name": str(file), "status": f"unreadable: {reason}"}
-
-
-def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
-    """Returns a GitHub markdown table of ``rows`` with ``columns``; missing values are blank."""
-    lines = [
-        "| " + " | ".join(columns) + " |",
-        "| " + " | ".join("---" for _ in columns) + " |",
-    ]
-    for row in rows:
-        cells = (_format_cell(column, row.get(column)) for column in columns)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _format_cell(column: str, value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, (float, np.floating)):
-        if "energy" in column and "error" not in column:
-            # energies to 1e-8: relative errors of 1e-6 and below must be readable off them
-            return f"{value:.8f}"
-        if column == "seconds":
-            return f"{value:.1f}"
-        if "error" in column or column == "v_score":
-            return f"{value:.2e}"
-        return f"{value:.6g}"  # parameters (U = 3.3) and observables
-    return str(value).replace("|", "\\|")  # a bar inside a cell would split it
 
 
 # ---- parameter sweeps ------------------------------------------------------------------------

@@ -34,11 +34,13 @@ plain containers only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -57,44 +59,64 @@ FORMAT_VERSION = 2  # 2: the checkpoint is an h5tree; 1: torch.save bytes (read,
 
 STATUSES = ("running", "interrupted", "finished")
 
-HISTORY_FIELDS = (
-    "step",
-    "energy",
-    "energy_error",
-    "variance",
-    "r_hat",
-    "tau",
-    "acceptance",
-    "lr",
-    "diag_shift",
-    "update_norm",
-    "seconds_sampling",
-    "seconds_local_energy",
-    "seconds_jacobian",
-    "seconds_solve",
-    "seconds_total",
-    "n_samples",
-    "anneal_fraction",  # 1: the step's hamiltonian is the config's (optimizer.anneal_from)
-    "update_capped",  # 1: the trust bound shortened the step (optimizer.max_update_ratio)
-)
+
+@dataclass
+class HistoryRow:
+    """One row of ``/history``: what one step measured. Its fields are the history columns."""
+
+    step: int
+    energy: float
+    energy_error: float
+    variance: float
+    r_hat: float
+    tau: float
+    acceptance: float
+    lr: float
+    diag_shift: float
+    update_norm: float
+    seconds_sampling: float
+    seconds_local_energy: float
+    seconds_jacobian: float
+    seconds_solve: float
+    seconds_total: float
+    n_samples: float
+    anneal_fraction: float  # 1: the step's hamiltonian is the config's (optimizer.anneal_from)
+    update_capped: float  # 1: the trust bound shortened the step (optimizer.max_update_ratio)
+
+    @classmethod
+    def of(cls, result) -> dict[str, float]:
+        """Returns the row of a step's result (`vmc.driver.StepResult`), as a dict."""
+        energy, timings = result.energy, result.timings
+        return dataclasses.asdict(
+            cls(
+                step=result.step,
+                energy=energy.mean.real,
+                energy_error=energy.error_of_mean,
+                variance=energy.variance,
+                r_hat=energy.r_hat,
+                tau=energy.tau_corr,
+                acceptance=result.acceptance,
+                lr=result.lr,
+                diag_shift=result.diag_shift,
+                update_norm=result.update_norm,
+                seconds_sampling=timings.get("sampling", math.nan),
+                seconds_local_energy=timings.get("local_energy", math.nan),
+                seconds_jacobian=timings.get("jacobian", math.nan),
+                seconds_solve=timings.get("solve", math.nan),
+                seconds_total=sum(timings.values()),
+                n_samples=energy.n_samples,
+                anneal_fraction=result.anneal_fraction,
+                update_capped=float(result.update_capped),
+            )
+        )
+
+
+HISTORY_FIELDS = tuple(f.name for f in dataclasses.fields(HistoryRow))
 _INT_HISTORY_FIELDS = ("step",)
 # columns added after format 1 was first written: a file without them reads as NaN
 _LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction", "update_capped")
 
 EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds")
-FINAL_FIELDS = (
-    "energy",
-    "energy_error",
-    "variance",
-    "v_score",
-    "tau",
-    "r_hat",
-    "n_samples",
-    "relative_error",
-    "seconds",
-    "seconds_per_iter",
-    "n_discard",  # thermalisation sweeps per chain before the kept samples (0: a full sum)
-)
 # integer attrs cannot fall back to NaN, so they are required when the group is written
 _INT_ATTRS = ("dimension", "n_samples")
 
@@ -176,6 +198,50 @@ class RunRecord:
     def history_arrays(self) -> dict[str, np.ndarray]:
         """Returns one 1-D array per field of HISTORY_FIELDS (int64 step, float64 others)."""
         return {name: _history_column(self.history, name) for name in HISTORY_FIELDS}
+
+
+@dataclass
+class FinalRow:
+    """The attrs of ``/final``: the final measurement of the trained state."""
+
+    energy: float
+    energy_error: float
+    variance: float
+    v_score: float
+    tau: float
+    r_hat: float
+    n_samples: int
+    relative_error: float
+    seconds: float
+    seconds_per_iter: float
+    n_discard: int  # thermalisation sweeps per chain before the kept samples (0: a full sum)
+
+    @classmethod
+    def of(cls, energy, record: RunRecord, *, seconds: float, n_discard: int) -> dict[str, float]:
+        """Returns the final group of ``record`` measured as the `Stats` ``energy``, as a
+        dict: V-score and relative error from the record's ``e_inf`` and exact energy, the
+        median seconds of its steps."""
+        exact_energy = record.exact["energy"] if record.exact else None
+        iter_seconds = [row["seconds_total"] for row in record.history[1:]]
+        mean = energy.mean.real
+        return dataclasses.asdict(
+            cls(
+                energy=mean,
+                energy_error=energy.error_of_mean,
+                variance=energy.variance,
+                v_score=v_score(mean, energy.variance, record.n_sites, record.e_inf),
+                tau=energy.tau_corr,
+                r_hat=energy.r_hat,
+                n_samples=int(energy.n_samples),
+                relative_error=relative_error(mean, exact_energy),
+                seconds=seconds,
+                seconds_per_iter=statistics.median(iter_seconds) if iter_seconds else math.nan,
+                n_discard=n_discard,
+            )
+        )
+
+
+FINAL_FIELDS = tuple(f.name for f in dataclasses.fields(FinalRow))
 
 
 def _check_keys(values: dict, allowed: tuple[str, ...], what: str) -> None:
@@ -612,26 +678,15 @@ def _legacy_checkpoint(payload: np.ndarray, path: Path) -> dict:
 
 # ---- tables ----------------------------------------------------------------------------------
 
-SUMMARY_COLUMNS = (
-    "name",
-    "status",
-    "n_sites",
-    "n_params",
-    "iterations",
-    "energy",
-    "energy_error",
-    "exact_energy",
-    "relative_error",
-    "v_score",
-    "seconds",
-)
 
+def summary(record: RunRecord) -> dict[str, Any]:
+    """Returns the one summary of a record that every table and ``--json`` reads from.
 
-def summary_row(record: RunRecord) -> dict[str, Any]:
-    """Returns one table row (keys SUMMARY_COLUMNS) for ``record``.
-
-    A finished run reports its ``final`` values; an unfinished one its last history row, with
-    relative error and V-score computed from it. Values not known are None.
+    Keys: ``name, status, n_sites, n_params, n_iter`` (steps done), ``energy,
+    energy_error, variance, exact_energy, relative_error, v_score, seconds,
+    seconds_per_iter``. A finished run reports its ``final`` values; an unfinished one its
+    last history row, with relative error and V-score computed from it. Values not known
+    are None (or NaN, where a measurement gave none).
     """
     history = record.history_arrays()
     exact_energy = record.exact.get("energy") if record.exact else None
@@ -640,23 +695,56 @@ def summary_row(record: RunRecord) -> dict[str, Any]:
         "status": record.status,
         "n_sites": record.n_sites,
         "n_params": record.n_params,
-        "iterations": len(record.history),
+        "n_iter": len(record.history),
         "exact_energy": exact_energy,
         "seconds": float(np.nansum(history["seconds_total"])),
     }
     if record.final is not None:
         final = record.final
-        row.update({k: final.get(k) for k in ("energy", "energy_error", "relative_error")})
-        row.update(v_score=final.get("v_score"), seconds=final.get("seconds", row["seconds"]))
+        for key in ("energy", "energy_error", "variance", "relative_error", "v_score"):
+            row[key] = final.get(key)
+        row.update(
+            seconds=final.get("seconds", row["seconds"]),
+            seconds_per_iter=final.get("seconds_per_iter"),
+        )
     elif record.history:
         energy, variance = history["energy"][-1], history["variance"][-1]
         row.update(
             energy=float(energy),
             energy_error=float(history["energy_error"][-1]),
+            variance=float(variance),
             relative_error=relative_error(energy, exact_energy),
             v_score=v_score(energy, variance, record.n_sites, record.e_inf),
         )
-    return {key: _none_if_nan(row.get(key)) for key in SUMMARY_COLUMNS}
+    return {key: row.get(key) for key in SUMMARY_FIELDS}
+
+
+SUMMARY_FIELDS = (
+    "name",
+    "status",
+    "n_sites",
+    "n_params",
+    "n_iter",
+    "energy",
+    "energy_error",
+    "variance",
+    "exact_energy",
+    "relative_error",
+    "v_score",
+    "seconds",
+    "seconds_per_iter",
+)
+# the columns of the report table (`vitqs report`), a selection of the summary's
+SUMMARY_COLUMNS = tuple(
+    key for key in SUMMARY_FIELDS if key not in ("variance", "seconds_per_iter")
+)
+
+
+def summary_row(record: RunRecord) -> dict[str, Any]:
+    """Returns the report table's row of ``record``: its `summary` in `SUMMARY_COLUMNS`,
+    None where a value is NaN."""
+    whole = summary(record)
+    return {key: _none_if_nan(whole[key]) for key in SUMMARY_COLUMNS}
 
 
 def _none_if_nan(value):

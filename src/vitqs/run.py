@@ -7,38 +7,32 @@ results file, checkpoints, signals and a progress bar around it; the physics sta
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import fcntl
 import math
 import os
 import signal
-import statistics as pystats
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import yaml
 
-from vitqs import distributed, results
-from vitqs.build import Anneal, build_vmc, exact_ground_state
-from vitqs.config import Config, ConfigError, from_dict, keys_with, parse_yaml
+from vitqs import checkpoint, distributed, results, workfile
+from vitqs.build import build_vmc, exact_ground_state
+from vitqs.config import Config, ConfigError
 from vitqs.errors import first_line
-from vitqs.models import final_symmetrized, invariances, load_network_state
+from vitqs.models import final_symmetrized, invariances
 from vitqs.physics import exact
 from vitqs.physics.observables import observables_of_vector
 from vitqs.physics.operators import Heisenberg
 from vitqs.vmc import observables
+from vitqs.vmc.callbacks import ChainsFrozen, FrozenChains
 from vitqs.vmc.driver import (
     VMC,
     NonFiniteEnergyError,
-    draw_samples,
-    n_batches,
-    sample_local_energy,
 )
-from vitqs.vmc.estimators import statistics
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
+from vitqs.vmc.estimators import sample_statistics
 from vitqs.vmc.sr import set_parameter_vector
 
 
@@ -76,23 +70,18 @@ class _Signalled(BaseException):
 
 @dataclass
 class Run:
-    """Everything a run holds while it goes."""
+    """What the shell keeps of a run while it goes: the loop (`VMC`, which holds the
+    Hamiltonian, the model and the sampler) and the results file it writes."""
 
     config: Config
-    hamiltonian: object
-    model: torch.nn.Module
-    sampler: object
     vmc: VMC
     record: results.RunRecord
     path: Path  # the file the run writes: target, or its pending replacement
-    seconds_before: float = 0.0  # wall time of earlier invocations (resume)
-    anneal: Anneal = field(init=False)  # the hamiltonian each step optimises
     target: Path | None = None  # <output.dir>/<name>.h5, where the finished run lands
     use_cache: bool = True  # the ED cache
     saved_step: int | None = None  # the checkpoint step the file on disk holds
 
     def __post_init__(self):
-        self.anneal = Anneal(self.config, self.hamiltonian)
         self.saved_step = self.record.checkpoint_step if self.record.checkpoint else None
 
 
@@ -129,7 +118,7 @@ def run_config(
     if config.threads:
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
-    distributed.on_root(lambda: _check_output_dir(config.output.dir))
+    distributed.on_root(lambda: workfile.check_output_dir(config.output.dir))
     with contextlib.ExitStack() as claim:  # holds the results file's lock until the end
         run = _prepare(
             config,
@@ -139,7 +128,7 @@ def run_config(
             claim=claim,
             use_cache=use_cache,
         )
-        distributed.share_parameters(run.model)  # every rank starts from rank 0's parameters
+        distributed.share_parameters(run.vmc.model)  # every rank starts from rank 0's parameters
         with _Signals() as signals:
             _optimize(run, signals, progress and distributed.is_root(), start)
             finished = _finish(run, signals, start)
@@ -162,50 +151,21 @@ def _prepare(config, *, resume, overwrite, initial_parameters, claim, use_cache)
                     f"({first_line(err)})"
                 ) from None
         elif config.model.init_from is not None:
-            start_from_results(config, model, sampler)
+            checkpoint.start_from_results(config, model, sampler)
     # the lock comes before any look at the file and before ED: no second run can start on
     # this name between our look and our first write
-    claim.enter_context(_sole_writer(target))
-    path = distributed.on_root(lambda: _working_path(target, resume=resume, overwrite=overwrite))
+    claim.enter_context(workfile.sole_writer(target))
+    path = distributed.on_root(
+        lambda: workfile.working_path(target, resume=resume, overwrite=overwrite)
+    )
     if resume:
-        run = _restore(config, path, hamiltonian, model, sampler, vmc, use_cache)
+        run = _restore(config, path, vmc, use_cache)
     else:
         record = _new_record(config, hamiltonian, model, use_cache)
-        run = Run(config, hamiltonian, model, sampler, vmc, record, path)
+        run = Run(config, vmc, record, path)
         _write(run, first=True)  # claims the name; replaced atomically from now on
     run.target, run.use_cache = target, use_cache
     return run
-
-
-def _pending_path(target: Path) -> Path:
-    """Returns where an ``--overwrite`` run writes until it finishes: the finished run it
-    replaces stays in ``target`` meanwhile, so an interrupted replacement loses nothing."""
-    return target.with_name(f".{target.name}.pending")
-
-
-def _working_path(target: Path, *, resume: bool, overwrite: bool) -> Path:
-    """Returns the file this run writes, or raises ConfigError (rank 0 decides)."""
-    pending = _pending_path(target)
-    if resume:
-        if pending.exists():  # an --overwrite run that was interrupted
-            return pending
-        if not target.exists():
-            raise ConfigError(f"--resume: there is no results file '{target}' to resume")
-        return target
-    if overwrite:
-        pending.unlink(missing_ok=True)  # an earlier replacement, abandoned: start anew
-        return pending if target.exists() else target
-    if target.exists():
-        raise ConfigError(
-            f"results file '{target}' exists; "
-            "pass --resume to continue it or --overwrite to replace it"
-        )
-    if pending.exists():
-        raise ConfigError(
-            f"an --overwrite run of '{target}' was interrupted ('{pending}'); pass --resume to "
-            "continue it or --overwrite to start the replacement again"
-        )
-    return target
 
 
 def _check_exact_fits(config: Config, hamiltonian) -> None:
@@ -215,63 +175,6 @@ def _check_exact_fits(config: Config, hamiltonian) -> None:
             exact.check_dimension(hamiltonian, config.exact.max_dim)
         except exact.SectorTooLargeError as err:
             raise ConfigError(str(err)) from None
-
-
-def _check_output_dir(output_dir) -> None:
-    """Raises ConfigError unless ``output.dir`` is, or can be made, a writable folder: found
-    before ED and the steps, not when the first file is due. Creates nothing (a refused
-    config leaves no trace)."""
-    existing = Path(output_dir).absolute()
-    while not existing.exists():  # the nearest existing ancestor decides
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"output.dir='{output_dir}': '{existing}' is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"output.dir='{output_dir}': '{existing}' is not writable")
-
-
-@contextlib.contextmanager
-def _sole_writer(path: Path):
-    """Holds an exclusive lock on ``.<name>.h5.lock`` beside the results file (rank 0), from
-    the run's first write or its resume to its end, so that a second ``vitqs run`` on the same
-    file, a ``--resume`` or an ``--overwrite``, is refused instead of writing over a run in
-    progress. The kernel drops the lock when the process ends, however it ends; a clean end
-    also removes the file."""
-    if not distributed.is_root():
-        yield
-        return
-    lock = path.with_name(f".{path.name}.lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:  # O_NOFOLLOW: a symbolic link planted under the lock's name is refused, not followed
-        descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    except OSError as err:
-        raise ConfigError(f"cannot create the lock file '{lock}': {err.strerror}") from None
-    with os.fdopen(descriptor, "w") as handle:
-        if not _lock(handle, lock):
-            raise ConfigError(
-                f"'{path}' is being written by another vitqs process; "
-                "let it finish or stop it (Ctrl-C / SIGTERM checkpoints it) first"
-            )
-        try:
-            yield
-        finally:
-            lock.unlink(missing_ok=True)  # still held: a later run locks a new file
-
-
-def _lock(handle, lock: Path) -> bool:
-    """Returns whether this process now holds ``lock`` alone; True also on a file system
-    without locks (run unguarded rather than not at all)."""
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-    try:
-        # a lock on a file that another run removed in between guards nothing
-        return os.fstat(handle.fileno()).st_ino == os.stat(lock).st_ino
-    except FileNotFoundError:
-        return False
 
 
 def _write(run: Run, *, first: bool = False) -> None:
@@ -297,106 +200,6 @@ def _write(run: Run, *, first: bool = False) -> None:
 
 def _os_reason(err: OSError) -> str:
     return err.strerror or first_line(err)
-
-
-def start_from_results(config: Config, model, sampler) -> None:
-    """``model.init_from``: loads the parameters of another run's checkpoint into ``model`` and
-    starts ``sampler``'s chains from its chains when they are states of this sector."""
-    where = f"model.init_from='{config.model.init_from}'"
-    try:
-        record = results.read_results(config.model.init_from)
-    except results.ResultsError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    if record.checkpoint is None:
-        raise ConfigError(f"{where}: the run holds no checkpoint yet; name a run that has one")
-    state = _checked_state(record.checkpoint, where)
-    try:
-        load_network_state(model, state["model"])
-    except (RuntimeError, TypeError, ValueError, KeyError) as err:
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or ["?"]
-        reason = _model_differences(record, config) or lines[-1]
-        raise ConfigError(
-            f"{where}: its parameters do not fit this model ({reason}); model.* must be "
-            "that run's, except symmetrize and spin_flip"
-        ) from None
-    chains = state["sampler"].get("chains")
-    if isinstance(chains, torch.Tensor) and not isinstance(sampler, ExactSampler):
-        with contextlib.suppress(ValueError):  # another sector: random chains, as usual
-            sampler.start_chains(chains)  # checks the chains against the sector itself
-
-
-def _model_differences(record: results.RunRecord, config: Config) -> str:
-    """Returns the model keys whose values differ between ``record``'s run and ``config``."""
-    earlier = (_stored_config(record) or {}).get("model", {})
-    if not isinstance(earlier, dict):
-        return ""
-    now = dataclasses.asdict(config.model)
-    free = keys_with("free_across_init")
-    differ = [
-        f"model.{key}={now[key]} here, {earlier[key]} there"
-        for key in now
-        if key in earlier and earlier[key] != now[key] and f"model.{key}" not in free
-    ]
-    return "; ".join(differ)
-
-
-# The checkpoint's top level, and what each entry must be: a results file is data that
-# anyone may have written, so its shape is checked before any of it is used.
-_CHECKPOINT_ENTRIES = {
-    "model": dict,
-    "vmc": dict,
-    "sampler": dict,
-    "torch_rng": torch.Tensor,
-    "seconds": float,
-}
-
-
-def _checked_state(state: dict, where: str) -> dict:
-    """Returns the checkpoint dict ``state`` when its entries have the types a checkpoint
-    of ours has; ConfigError naming ``where`` otherwise."""
-    for key, kind in _CHECKPOINT_ENTRIES.items():
-        value = state.get(key)
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            continue
-        if not isinstance(value, kind):
-            raise ConfigError(
-                f"{where}: the checkpoint's '{key}' is {type(value).__name__}, not "
-                f"{kind.__name__}; the file is not a vitqs checkpoint"
-            )
-    if not all(isinstance(v, torch.Tensor) for v in state["model"].values()):
-        raise ConfigError(f"{where}: the checkpoint's model parameters are not all tensors")
-    return state
-
-
-def checkpoint_parameters(record: results.RunRecord) -> dict:
-    """Returns the model parameters of ``record``'s checkpoint (a sweep's warm start)."""
-    return _checked_state(results.load_checkpoint(record), f"'{record.name}'")["model"]
-
-
-def _load_state(state: dict, where: str, run_parts) -> float:
-    """Loads a checkpoint into (model, vmc, sampler) and torch's generator; returns its
-    seconds. Whatever does not fit is a ConfigError naming ``where``, not a traceback."""
-    model, vmc, sampler = run_parts
-    state = _checked_state(state, where)
-    try:
-        model.load_state_dict(state["model"])
-        vmc.load_state_dict(state["vmc"])
-        sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["torch_rng"])
-    except (RuntimeError, TypeError, ValueError, KeyError, IndexError) as err:
-        raise ConfigError(
-            f"{where}: the checkpoint does not fit this run ({first_line(err)})"
-        ) from None
-    return float(state["seconds"])
-
-
-def _stored_config(record: results.RunRecord) -> dict | None:
-    """Returns the config a results file says it ran, parsed like a config file."""
-    try:
-        data = parse_yaml(record.config_yaml)
-    except (ConfigError, yaml.YAMLError, RecursionError):
-        raise ConfigError(f"run {record.name!r}: its stored config is not valid YAML") from None
-    return data if isinstance(data, dict) else None
 
 
 def _new_record(config: Config, hamiltonian, model, use_cache: bool) -> results.RunRecord:
@@ -428,14 +231,15 @@ def _exact_reference(config: Config, hamiltonian, use_cache: bool = True) -> dic
     }
 
 
-def _restore(config, path, hamiltonian, model, sampler, vmc, use_cache) -> Run:
+def _restore(config, path, vmc: VMC, use_cache) -> Run:
+    hamiltonian = vmc.hamiltonian
     try:
         record = results.read_results(path)
     except results.ResultsError as err:
         raise ConfigError(f"--resume: {err}") from None
     record.e_inf = hamiltonian.infinite_temperature_energy()  # files before it lack e_inf
-    earlier, current = _stored_config(record) or {}, config.to_dict()
-    changed = _changed_keys(earlier, current)
+    earlier, current = checkpoint.stored_config(record) or {}, config.to_dict()
+    changed = checkpoint.changed_keys(earlier, current)
     if changed:
         raise ConfigError(
             f"--resume: the config changed since '{path}' was written ({', '.join(changed)}); "
@@ -455,118 +259,35 @@ def _restore(config, path, hamiltonian, model, sampler, vmc, use_cache) -> Run:
     if earlier.get("exact") != current["exact"]:
         # exact.* may change on a resume: settle the reference (or refuse) before any step
         record.exact = _exact_reference(config, hamiltonian, use_cache)
-    seconds = _load_state(record.checkpoint, f"--resume: '{path}'", (model, vmc, sampler))
+    # the loop's clock goes on from the checkpoint's
+    vmc.seconds_before = checkpoint.load_state(record.checkpoint, f"--resume: '{path}'", vmc)
     # steps after the checkpoint (a run stopped by a failure) are done again
     record.history = record.history[: record.checkpoint_step]
     record.status, record.final = "running", None
     record.observables, record.config_yaml = {}, config_yaml(config)
-    return Run(config, hamiltonian, model, sampler, vmc, record, path, seconds)
-
-
-def _flatten(data, prefix=""):
-    if not isinstance(data, dict):
-        return {prefix.rstrip("."): data}
-    flat = {}
-    for key, value in data.items():
-        flat.update(_flatten(value, f"{prefix}{key}."))
-    return flat
-
-
-def config_changes(record: results.RunRecord, config: Config, *, ignoring=None) -> list[str]:
-    """Returns the dotted keys whose values differ between ``record``'s run and ``config``,
-    leaving out those in ``ignoring`` (default: those a resume may change, `keys_with`)."""
-    return _changed_keys(_stored_config(record) or {}, config.to_dict(), ignoring)
-
-
-def _changed_keys(old: dict, new: dict, ignoring=None) -> list[str]:
-    ignoring = keys_with("resumable") if ignoring is None else ignoring
-    old, new = _flatten(old), _flatten(new)
-    keys = sorted(set(old) | set(new))
-    return [k for k in keys if old.get(k) != new.get(k) and k not in ignoring]
+    return Run(config, vmc, record, path)
 
 
 def _checkpoint(run: Run, seconds: float) -> None:
     """Writes the state to resume from; on every rank (the sampler gathers all chains)."""
-    sampler_state = run.sampler.state_dict()
-    if not distributed.is_root():
-        return
-    run.record.set_checkpoint(
-        {
-            "model": run.model.state_dict(),
-            "vmc": run.vmc.state_dict(),
-            "sampler": sampler_state,
-            "torch_rng": torch.get_rng_state(),
-            "seconds": seconds,
-        }
-    )
-    _write(run)
-
-
-def _history_row(result, exact_energy, anneal_fraction: float) -> dict:
-    energy = result.energy
-    timings = result.timings
-    return {
-        "step": result.step,
-        "energy": energy.mean.real,
-        "energy_error": energy.error_of_mean,
-        "variance": energy.variance,
-        "r_hat": energy.r_hat,
-        "tau": energy.tau_corr,
-        "acceptance": result.acceptance,
-        "lr": result.lr,
-        "diag_shift": result.diag_shift,
-        "update_norm": result.update_norm,
-        "seconds_sampling": timings.get("sampling", math.nan),
-        "seconds_local_energy": timings.get("local_energy", math.nan),
-        "seconds_jacobian": timings.get("jacobian", math.nan),
-        "seconds_solve": timings.get("solve", math.nan),
-        "seconds_total": sum(timings.values()),
-        "n_samples": energy.n_samples,
-        "anneal_fraction": anneal_fraction,
-        "update_capped": float(result.update_capped),
-    }
+    state = checkpoint.state_of(run.vmc, seconds)
+    if distributed.is_root():
+        run.record.set_checkpoint(state)
+        _write(run)
 
 
 def _optimize(run: Run, signals: _Signals, progress: bool, start: float) -> None:
-    from tqdm import tqdm  # the bar is the shell's business; imported where it is used
-
-    config, record = run.config, run.record
-    exact_energy = record.exact["energy"] if record.exact else None
-    done = len(record.history)
-    bar = tqdm(
-        total=config.optimizer.n_iter,
-        initial=done,
-        disable=not progress,
-        desc=config.name,
-        dynamic_ncols=True,
-        leave=True,
-    )
-    max_seconds = config.optimizer.max_seconds
-    frozen_limit = _frozen_limit(run)
-    frozen_steps = 0
-    loop_start = time.perf_counter()
-    _follow_budget(run, done, run.seconds_before)
+    bar = _ProgressBar(run, progress)
+    watchers = [
+        _RecordHistory(run),
+        FrozenChains(_frozen_limit(run)),
+        bar,
+        _Checkpoints(run, signals, start),
+    ]
     try:
-        for result in run.vmc.run(config.optimizer.n_iter - done):
-            record.append_history(_history_row(result, exact_energy, run.anneal.fraction))
-            frozen_steps = frozen_steps + 1 if result.acceptance == 0 else 0
-            if frozen_limit is not None and frozen_steps >= frozen_limit:
-                _frozen(run, frozen_steps)
-            text = _progress_text(result, exact_energy, run.anneal.fraction)
-            bar.set_postfix_str(text, refresh=False)
-            bar.update(1)
-            step = len(record.history)
-            spent = run.seconds_before + time.perf_counter() - loop_start
-            # all ranks stop together: on a signal any of them got, by the slowest clock
-            signal_number, spent = distributed.agree(signals.received, spent)
-            if step % config.output.checkpoint_every == 0 or signal_number:
-                _checkpoint(run, run.seconds_before + time.perf_counter() - start)
-            if signal_number:
-                _interrupted(run, signal_number)
-            if max_seconds is not None and spent >= max_seconds:
-                break  # the budget is spent: measure the state reached so far
-            _follow_budget(run, step, spent)
-    except NonFiniteEnergyError as err:
+        for _ in run.vmc.run(callbacks=watchers):
+            pass
+    except (NonFiniteEnergyError, ChainsFrozen) as err:
         _stop(run, str(err))
     except RuntimeError as err:
         if not distributed.is_collective_failure(err):
@@ -582,6 +303,63 @@ def _optimize(run: Run, signals: _Signals, progress: bool, start: float) -> None
         _interrupted(run, signal.SIGINT)
     finally:
         bar.close()
+
+
+# ---- what watches the loop: callbacks of VMC.run ------------------------------------------
+
+
+class _RecordHistory:
+    """Appends each step's row to the record's history."""
+
+    def __init__(self, run: Run):
+        self.record = run.record
+
+    def __call__(self, vmc: VMC, result) -> bool:
+        self.record.append_history(results.HistoryRow.of(result))
+        return False
+
+
+class _Checkpoints:
+    """Checkpoints every ``output.checkpoint_every`` steps, and after a signal any rank
+    received, which then stops the run (all ranks stop together)."""
+
+    def __init__(self, run: Run, signals: _Signals, start: float):
+        self.run, self.signals, self.start = run, signals, start
+
+    def __call__(self, vmc: VMC, result) -> bool:
+        signal_number = distributed.agree_signal(self.signals.received)
+        if vmc.step_count % self.run.config.output.checkpoint_every == 0 or signal_number:
+            _checkpoint(self.run, vmc.seconds_before + time.perf_counter() - self.start)
+        if signal_number:
+            _interrupted(self.run, signal_number)
+        return False
+
+
+class _ProgressBar:
+    """A tqdm bar on stderr (rank 0), with the last energy, its relative error and the
+    acceptance."""
+
+    def __init__(self, run: Run, show: bool):
+        from tqdm import tqdm  # the bar is the shell's business; imported where it is used
+
+        record = run.record
+        self.exact_energy = record.exact["energy"] if record.exact else None
+        self.bar = tqdm(
+            total=run.config.optimizer.n_iter,
+            initial=len(record.history),
+            disable=not show,
+            desc=run.config.name,
+            dynamic_ncols=True,
+            leave=True,
+        )
+
+    def __call__(self, vmc: VMC, result) -> bool:
+        self.bar.set_postfix_str(_progress_text(result, self.exact_energy), refresh=False)
+        self.bar.update(1)
+        return False
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def _stop(run: Run, cause: str):
@@ -602,44 +380,16 @@ def _stop(run: Run, cause: str):
 def _frozen_limit(run: Run) -> int | None:
     """Returns ``sampler.max_frozen_steps``, or None where zero acceptance is no failure: a
     sector of one state, where no proposal can land anywhere else."""
-    if exact.sector_fits(run.hamiltonian.hilbert, 1):
+    if exact.sector_fits(run.vmc.hamiltonian.hilbert, 1):
         return None
     return run.config.sampler.max_frozen_steps
 
 
-def _frozen(run: Run, n_steps: int):
-    """Stops a run whose chains have not moved for ``n_steps`` steps: its estimates are of
-    one configuration per chain, and SR cannot move a state whose samples are all alike."""
-    step = len(run.record.history)
-    _stop(
-        run,
-        f"the sampler accepted no move for {n_steps} steps in a row (steps "
-        f"{step - n_steps + 1}-{step}, sampler.max_frozen_steps={n_steps}): every chain is "
-        f"frozen, so the state has collapsed onto a few configurations and the energy and "
-        f"gradient no longer mean anything (go on with a larger optimizer.diag_shift or a "
-        f"smaller optimizer.lr, or sampler.max_frozen_steps: null to let it run on)",
-    )
-
-
-def _follow_budget(run: Run, step: int, seconds: float) -> None:
-    """Sets what the next step needs to know about the run's progress: the fraction of
-    ``max_seconds`` spent (schedules end with the budget if it ends before ``n_iter``), and
-    ``sampler.n_samples_late`` once past ``late_fraction`` of ``n_iter`` or of the budget."""
-    cfg, optimizer = run.config.sampler, run.config.optimizer
-    if optimizer.max_seconds is not None:
-        run.vmc.budget_progress = min(seconds / optimizer.max_seconds, 1.0)
-    progress = run.vmc.progress()
-    run.vmc.hamiltonian = run.anneal.hamiltonian_at(progress)
-    if cfg.n_samples_late is not None and isinstance(run.sampler, MetropolisSampler):
-        late = progress >= cfg.late_fraction
-        run.sampler.set_n_samples(cfg.n_samples_late if late else cfg.n_samples)
-
-
-def _progress_text(result, exact_energy, anneal_fraction: float) -> str:
+def _progress_text(result, exact_energy) -> str:
     energy = result.energy
     text = f"E={energy.mean.real:.6f}±{energy.error_of_mean:.1e}"
-    if anneal_fraction < 1.0:  # not yet the hamiltonian whose exact energy is known
-        text += f" anneal={anneal_fraction:.2f}"
+    if result.anneal_fraction < 1.0:  # not yet the hamiltonian whose exact energy is known
+        text += f" anneal={result.anneal_fraction:.2f}"
     elif exact_energy is not None:
         text += f" rel={results.relative_error(energy.mean.real, exact_energy):+.1e}"
     if not math.isnan(result.acceptance):
@@ -713,7 +463,7 @@ def _finish(run: Run, signals: _Signals, start: float) -> dict:
     try:
         signals.measuring()
         # every iteration is done: checkpoint, so an interrupted final measurement resumes here
-        _checkpoint(run, run.seconds_before + time.perf_counter() - start)
+        _checkpoint(run, run.vmc.seconds_before + time.perf_counter() - start)
         _measure_final(run, start)
         if not math.isfinite(run.record.final["energy"]):
             run.record.final, run.record.observables = None, {}
@@ -736,61 +486,37 @@ def _land(run: Run) -> None:
 
 
 def _measure_final(run: Run, start: float) -> None:
-    config, record = run.config, run.record
-    averaged = run.vmc.averaged_parameters()
+    config, record, vmc = run.config, run.record, run.vmc
+    averaged = vmc.averaged_parameters()
     if averaged is not None:  # the final state is the mean of the late iterates
-        set_parameter_vector(run.model, averaged[0])
-    lattice = run.hamiltonian.lattice
-    model = final_symmetrized(run.model, config.final.symmetrize, lattice, config.final.spin_flip)
-    # site-resolved observables need every state, not one per orbit; the final energy and
-    # observables are measured on |ψ|² itself, whatever sampler.machine_pow the steps used
-    if isinstance(run.sampler, ExactSampler):
-        sampler, n_discard = run.sampler.unreduced(), 0
-    else:
-        sampler = run.sampler.of_psi_squared()
-        n_discard = final_discard(config, sampler)
-    samples = draw_samples(sampler, model, config.final.n_samples, n_discard)
-    e_loc = sample_local_energy(run.hamiltonian, model, sampler, samples, config.sampler.chunk_size)
-    energy = statistics(e_loc, samples.weights)
-    exact_energy = record.exact["energy"] if record.exact else None
-    seconds = run.seconds_before + time.perf_counter() - start
-    iter_seconds = [row["seconds_total"] for row in record.history[1:]]
-    record.final = {
-        "energy": energy.mean.real,
-        "energy_error": energy.error_of_mean,
-        "variance": energy.variance,
-        "v_score": results.v_score(
-            energy.mean.real, energy.variance, run.hamiltonian.n_sites, record.e_inf
-        ),
-        "tau": energy.tau_corr,
-        "r_hat": energy.r_hat,
-        "n_samples": int(energy.n_samples),
-        "relative_error": results.relative_error(energy.mean.real, exact_energy),
-        "seconds": seconds,
-        "seconds_per_iter": pystats.median(iter_seconds) if iter_seconds else math.nan,
-        "n_discard": n_discard,
-    }
+        set_parameter_vector(vmc.model, averaged[0])
+    final = config.final
+    model = final_symmetrized(vmc.model, final.symmetrize, vmc.hamiltonian.lattice, final.spin_flip)
+    # the final energy and observables are measured on |ψ|² itself, whatever
+    # sampler.machine_pow the steps used, and over every state of the sector
+    sampler = vmc.sampler.measuring()
+    n_discard = final_discard(config, sampler)
+    samples = sampler.draw(model, final.n_samples, n_discard)
+    e_loc = sampler.local_energy(vmc.hamiltonian, model, samples, config.sampler.chunk_size)
+    energy = sample_statistics(e_loc, samples)
+    seconds = vmc.seconds_before + time.perf_counter() - start
+    record.final = results.FinalRow.of(energy, record, seconds=seconds, n_discard=n_discard)
     record.observables = _observables(run, model, samples, sampler)
 
 
 def final_discard(config: Config, sampler) -> int:
     """Returns the sweeps per chain before the final measurement keeps samples:
-    ``final.n_discard``, or by default as many as each chain then keeps (half of every final
-    chain is thrown away, whatever distribution the chains came from), at least
-    ``sampler.n_discard``."""
-    if config.final.n_discard is not None:
-        return config.final.n_discard
-    kept = n_batches(sampler, config.final.n_samples) * sampler.n_per_chain  # one per sweep
-    return max(sampler.n_discard, kept)
+    ``final.n_discard``, or by default as many as each chain then keeps, at least
+    ``sampler.n_discard`` (`Sampler.discard_before`); 0 for an exact sum."""
+    return sampler.discard_before(config.final.n_samples, config.final.n_discard)
 
 
 def _observables(run: Run, model, samples, sampler) -> dict:
-    ham = run.hamiltonian
+    ham = run.vmc.hamiltonian
     chunk = run.config.sampler.chunk_size
     invariant = _translation_invariant(model, ham.lattice)
-    if isinstance(sampler, ExactSampler):  # every state's amplitude is known: direct sums
-        log_psi = samples.log_psi.reshape(-1).cpu().numpy().astype(np.complex128)
-        vector = np.exp(log_psi - log_psi.real.max())
+    vector = sampler.amplitudes(samples)
+    if vector is not None:  # every state's amplitude is known: direct sums
         measured = observables_of_vector(ham, vector, invariant)
     elif isinstance(ham, Heisenberg):
         measured = observables.spin_observables(ham, model, samples, chunk_size=chunk)
@@ -827,34 +553,34 @@ def _exact_observables(run: Run) -> dict:
         return {}  # a resumed record on another rank has rank 0's exact group: no second ED
     if run.record.exact["dimension"] > _EXACT_OBSERVABLES_MAX_DIM:
         return {}
+    hamiltonian = run.vmc.hamiltonian
     solved = exact_ground_state(
-        run.config, run.hamiltonian, use_cache=run.use_cache, return_vector=True
+        run.config, hamiltonian, use_cache=run.use_cache, return_vector=True
     )
     # the ground state of a periodic lattice is translation invariant (non-degenerate)
-    measured = observables_of_vector(run.hamiltonian, solved.vector, True)
+    measured = observables_of_vector(hamiltonian, solved.vector, True)
     return {f"exact_{name}": np.asarray(estimate.mean) for name, estimate in measured.items()}
+
+
+# the keys of ``vitqs run --json``, besides results_file: a selection of `results.summary`
+_JSON_FIELDS = (
+    "name",
+    "energy",
+    "energy_error",
+    "variance",
+    "v_score",
+    "exact_energy",
+    "relative_error",
+    "n_params",
+    "n_iter",
+    "seconds",
+    "seconds_per_iter",
+)
 
 
 def summary(record: results.RunRecord, path: Path) -> dict:
     """Returns the ``vitqs run --json`` object of a finished record."""
-    final, exact_ref = record.final, record.exact
-    rel = final["relative_error"]
-    return {
-        "name": record.name,
-        "energy": final["energy"],
-        "energy_error": final["energy_error"],
-        "variance": final["variance"],
-        "v_score": final["v_score"],
-        "exact_energy": exact_ref["energy"] if exact_ref else None,
-        "relative_error": None if rel is None or math.isnan(rel) else rel,
-        "n_params": record.n_params,
-        "n_iter": len(record.history),
-        "seconds": final["seconds"],
-        "seconds_per_iter": final["seconds_per_iter"],
-        "results_file": str(path),
-    }
-
-
-def load_config_dict(data: dict, name: str) -> Config:
-    """Returns a validated config from plain data (used by sweeps)."""
-    return from_dict(data, default_name=name)
+    whole = results.summary(record)
+    rel = whole["relative_error"]
+    whole["relative_error"] = None if rel is None or math.isnan(rel) else rel
+    return {**{key: whole[key] for key in _JSON_FIELDS}, "results_file": str(path)}

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vitqs import distributed, results
+from vitqs.checkpoint import checkpoint_parameters, config_changes
 from vitqs.config import (
     ConfigError,
     from_dict,
@@ -31,8 +32,9 @@ from vitqs.config import (
     set_dotted,
 )
 from vitqs.distributed import is_root
-from vitqs.plots import markdown_table, plot_sweep
-from vitqs.run import checkpoint_parameters, config_changes, run_config
+from vitqs.plots import plot_sweep
+from vitqs.report import markdown_table
+from vitqs.run import run_config
 
 _SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
 

@@ -10,7 +10,7 @@ import torch
 from einops import einsum, rearrange
 from torch import nn
 
-from vitqs.config import SPIN_FLIPS, SYMMETRIZE
+from vitqs.config import SPIN_FLIPS, SYMMETRIZE, FinalConfig
 from vitqs.models._checks import check_choice
 
 
@@ -102,7 +102,9 @@ def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
     return Symmetrized(model, table)
 
 
-def final_symmetrized(model: nn.Module, symmetrize: str, lattice, spin_flip: int = 0) -> nn.Module:
+def final_symmetrized(
+    model: nn.Module, symmetrize: str, lattice, spin_flip: int = FinalConfig.spin_flip
+) -> nn.Module:
     """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `config.SYMMETRIZE`) and
     projected on the spin-inversion eigenvalue ``final.spin_flip`` (0: none), on the device
     of its parameters."""

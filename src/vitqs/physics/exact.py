@@ -29,7 +29,9 @@ import numpy as np
 import scipy.sparse.linalg as sla
 import torch
 
-DEFAULT_MAX_DIM = 5_000_000
+from vitqs.config import ExactConfig
+
+DEFAULT_MAX_DIM = ExactConfig.max_dim  # exact.max_dim
 _DENSE_BELOW = 400  # eigh beats Lanczos (and eigsh needs k < dim) on tiny sectors
 _CACHE_FORMAT = 2  # 2: entries carry their format, description and checked vector
 # The eigenvector check: this many random states, of which the largest components are tested

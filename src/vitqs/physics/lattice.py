@@ -16,6 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
+from vitqs.config import LatticeConfig
+
 # Lattice vectors whose bonds make up each neighbour order, per dimension.
 _BOND_VECTORS = {
     1: {1: [(1,)], 2: [(2,)]},
@@ -33,7 +35,7 @@ class Lattice:
     """
 
     shape: tuple[int, ...]
-    pbc: bool = True
+    pbc: bool = LatticeConfig.pbc
     _bond_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):

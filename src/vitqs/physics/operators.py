@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from vitqs.config import BoseHubbardConfig, HeisenbergConfig
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.lattice import Lattice
 
@@ -171,7 +172,14 @@ class Heisenberg(Hamiltonian):
         total_sz: the S^z sector.
     """
 
-    def __init__(self, lattice: Lattice, J1=1.0, J2=0.0, sign_rule=False, total_sz=0.0):
+    def __init__(
+        self,
+        lattice: Lattice,
+        J1: float = HeisenbergConfig.J1,
+        J2: float = HeisenbergConfig.J2,
+        sign_rule: bool = HeisenbergConfig.sign_rule,
+        total_sz: float = HeisenbergConfig.total_sz,
+    ):
         if sign_rule and not lattice.is_bipartite():
             raise ValueError(
                 "hamiltonian.sign_rule=true needs a bipartite lattice; "
@@ -240,7 +248,15 @@ class BoseHubbard(Hamiltonian):
         n_max: per-site cutoff; default ``n_particles``.
     """
 
-    def __init__(self, lattice: Lattice, J=1.0, U=4.0, mu=0.0, n_particles=None, n_max=None):
+    def __init__(
+        self,
+        lattice: Lattice,
+        J: float = BoseHubbardConfig.J,
+        U: float = BoseHubbardConfig.U,
+        mu: float = BoseHubbardConfig.mu,
+        n_particles: int | None = None,
+        n_max: int | None = BoseHubbardConfig.n_max,
+    ):
         n_particles = lattice.n_sites if n_particles is None else n_particles
         self.lattice = lattice
         self.hilbert = Bosons(lattice.n_sites, n_particles, n_max)

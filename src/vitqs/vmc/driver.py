@@ -1,8 +1,9 @@
 """The variational Monte Carlo loop, as a generator of step results; no I/O inside.
 
 Each step: sample ``|ψ|²`` → local energies → statistics → log-derivatives → SR / minSR
-solve (or Adam) → ``θ ← θ − η g``. Loggers, checkpoints and progress bars live outside and
-consume the yielded `StepResult`s.
+solve (or Adam) → ``θ ← θ − η g``. The loop owns what changes between steps (progress,
+budget, annealing, late samples); loggers, checkpoints, signals and progress bars live
+outside, as callbacks of `VMC.run` (`vitqs.vmc.callbacks`, `vitqs.run`).
 
 NaN guard: a step whose samples' log ψ or energy is not finite undoes the previous update
 (the parameters return to where the energy was last finite); one whose update, or the
@@ -21,22 +22,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vitqs.distributed import broadcast_from_root, reduce_sum
+from vitqs.config import OptimizerConfig, SamplerConfig
+from vitqs.distributed import agree_max, broadcast_from_root, reduce_sum
 from vitqs.models.precision import NetworkCopy
-from vitqs.vmc.estimators import (
-    Stats,
-    distinct_rows,
-    importance_statistics,
-    importance_weights,
-    local_energy,
-    statistics,
-)
-from vitqs.vmc.sampler import ExactSampler, Samples
+from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
+from vitqs.vmc.optimizers import Adam, Schedule
+from vitqs.vmc.sampler import Samples
 from vitqs.vmc.sr import (
-    METHODS,
-    SCHEDULES,
-    Adam,
-    Schedule,
+    chosen_solve,
     clip_local_energy,
     energy_gradient,
     log_derivatives,
@@ -45,7 +38,10 @@ from vitqs.vmc.sr import (
     set_parameter_vector,
 )
 
-# The trust bound (`OptimizerSettings.max_update_ratio`) compares a step with the median
+# Consecutive non-finite attempts of one step before the run stops (each raises the
+# diagonal shift ×10): 10^5 × λ is past any shift that helps.
+MAX_RETRIES = 5
+# The trust bound (``optimizer.max_update_ratio``) compares a step with the median
 # length of this many applied before it, and waits until this many are known.
 UPDATE_WINDOW = 50
 UPDATE_MIN_HISTORY = 10
@@ -70,84 +66,6 @@ class NonFiniteEnergyError(RuntimeError):
 
 
 @dataclass
-class OptimizerSettings:
-    """How parameters move; field names are the ``optimizer`` config keys.
-
-    Attributes:
-        method: ``auto`` | ``sr`` | ``minsr`` (natural gradient) or ``adam``.
-        lr: learning rate η (initial value when scheduled).
-        lr_final, lr_schedule: final value and ``constant`` | ``exponential`` | ``cosine``.
-        diag_shift: λ added to S (or to the kernel) (initial value when scheduled).
-        diag_shift_final, diag_shift_schedule: as for the learning rate.
-        n_iter: number of steps; schedules run over it.
-        average_from: fraction of the run (of ``n_iter`` or of the wall-clock budget) after
-            which the measured parameters are averaged (None: off); `averaged_parameters`
-            gives the mean. At a constant lr, SR's noise keeps θ diffusing around the optimum
-            it has reached; the mean of the iterates sits closer to it than any one of them.
-        clip_local_energy: for the SR force only, cut local energies to this many mean
-            absolute deviations from their mean (`clip_local_energy`; None: off). Monte
-            Carlo only: a full sum's gradient is exact.
-        max_update_ratio: a trust bound on the step: an update ``η δθ`` longer than this
-            many times the median length of the last ``UPDATE_WINDOW`` applied updates is
-            scaled down to that length, its direction kept (None: off): a rare sample with a
-            huge local energy cannot set one step many times longer than the rest.
-        max_retries: consecutive non-finite retries before the run stops.
-    """
-
-    method: str = "auto"
-    lr: float = 0.02
-    lr_final: float | None = None
-    lr_schedule: str = "constant"
-    diag_shift: float = 1e-3
-    diag_shift_final: float | None = None
-    diag_shift_schedule: str = "constant"
-    n_iter: int = 200
-    average_from: float | None = None
-    clip_local_energy: float | None = None
-    max_update_ratio: float | None = None
-    max_retries: int = 5
-
-    def __post_init__(self):
-        if self.method not in (*METHODS, "adam"):
-            raise ValueError(f"optimizer.method={self.method!r} is not one of {[*METHODS, 'adam']}")
-        for key in ("lr_schedule", "diag_shift_schedule"):
-            if getattr(self, key) not in SCHEDULES:
-                raise ValueError(
-                    f"optimizer.{key}={getattr(self, key)!r} is not one of {list(SCHEDULES)}"
-                )
-        if self.lr <= 0 or self.diag_shift < 0:
-            raise ValueError(
-                f"optimizer.lr={self.lr} must be > 0 and "
-                f"optimizer.diag_shift={self.diag_shift} >= 0"
-            )
-        if self.average_from is not None and not 0 <= self.average_from <= 1:
-            raise ValueError(
-                f"optimizer.average_from={self.average_from} must be between 0 and 1 (or null)"
-            )
-        if self.clip_local_energy is not None and not self.clip_local_energy > 0:
-            raise ValueError(
-                f"optimizer.clip_local_energy={self.clip_local_energy} must be > 0 (or null)"
-            )
-        if self.max_update_ratio is not None and not self.max_update_ratio >= 1:
-            raise ValueError(
-                f"optimizer.max_update_ratio={self.max_update_ratio} must be >= 1 (or null)"
-            )
-        if self.n_iter < 1 or self.max_retries < 0:
-            raise ValueError(
-                f"optimizer.n_iter={self.n_iter} must be >= 1, max_retries={self.max_retries} >= 0"
-            )
-
-    def lr_at(self, step: int, progress: float | None = None) -> float:
-        return Schedule(self.lr, self.lr_final, self.lr_schedule, self.n_iter)(step, progress)
-
-    def diag_shift_at(self, step: int, progress: float | None = None) -> float:
-        schedule = Schedule(
-            self.diag_shift, self.diag_shift_final, self.diag_shift_schedule, self.n_iter
-        )
-        return schedule(step, progress)
-
-
-@dataclass
 class StepResult:
     """What one optimisation step measured; the energy is that of the parameters before it.
 
@@ -160,6 +78,9 @@ class StepResult:
         lr, diag_shift: values used (after any NaN-guard raise).
         n_retries: non-finite attempts before this one succeeded.
         timings: seconds per phase: ``sampling``, ``local_energy``, ``jacobian``, ``solve``.
+        method: the solve that ran: ``sr``, ``minsr`` (``auto`` resolved) or ``adam``.
+        anneal_fraction: how far along ``optimizer.anneal_from``'s path the Hamiltonian of
+            the step lies (1: the target).
     """
 
     step: int
@@ -171,20 +92,36 @@ class StepResult:
     n_retries: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     update_capped: bool = False
+    method: str = ""
+    anneal_fraction: float = 1.0
 
 
 class VMC:
-    """Ground-state optimisation of ``model`` for ``hamiltonian``; iterate `run` for steps.
+    """Ground-state optimisation of ``model`` for ``hamiltonian``: the loop, and everything
+    that changes between its steps. Iterate `run` for steps.
+
+    What changes between steps is the loop's own state: the steps done and the wall-clock
+    budget spent (together the run's progress, which the schedules follow), the Hamiltonian
+    along the annealing path, and the samples per step (more late in the run). What watches
+    the loop (the results file, checkpoints, signals, frozen chains, a progress bar) is given
+    to `run` as callbacks.
 
     Args:
-        hamiltonian: follows the operator contract.
+        hamiltonian: the target, following the operator contract.
         model: ``(B, N) -> log ψ (B,)`` with real parameters.
-        sampler: a `MetropolisSampler`, or an `ExactSampler` for full-sum mode.
-        settings: `OptimizerSettings`.
+        sampler: a `Sampler` (Metropolis chains, or exact sums over the sector).
+        optimizer: the ``optimizer`` section (None: its defaults): method, the ``lr`` and
+            ``diag_shift`` schedules, ``n_iter``, ``max_seconds``, averaging, clipping and
+            the trust bound. ``anneal_from`` comes in through ``anneal``.
         chunk_size: samples per forward pass in local energies and log-derivatives.
         local_energy_dtype: precision of the network copy that evaluates the connected
             configurations in the steps' local energies (None: the model itself). The
             samples' log ψ, the ratios' sums, gradients and S stay in the model's dtype.
+        anneal: a callable ``progress -> (hamiltonian, fraction)`` giving the Hamiltonian to
+            optimise at that fraction of the run (``build.Anneal``); None: the target always.
+        n_samples_late, late_fraction: ``sampler.n_samples_late`` samples per step once
+            ``late_fraction`` of the run has passed (None: the sampler's count throughout).
+        max_retries: consecutive non-finite attempts of a step before the run stops.
     """
 
     def __init__(
@@ -192,15 +129,19 @@ class VMC:
         hamiltonian,
         model,
         sampler,
-        settings: OptimizerSettings,
+        optimizer: OptimizerConfig | None = None,
         *,
-        chunk_size=None,
+        chunk_size: int | None = SamplerConfig.chunk_size,
         local_energy_dtype: torch.dtype | None = None,
+        anneal=None,
+        n_samples_late: int | None = SamplerConfig.n_samples_late,
+        late_fraction: float = SamplerConfig.late_fraction,
+        max_retries: int = MAX_RETRIES,
     ):
         self.hamiltonian, self.model, self.sampler = hamiltonian, model, sampler
-        self.settings = settings
-        self.chunk_size = chunk_size
-        if local_energy_dtype is not None and isinstance(sampler, ExactSampler):
+        self.optimizer = OptimizerConfig() if optimizer is None else optimizer
+        self.chunk_size, self.max_retries = chunk_size, max_retries
+        if local_energy_dtype is not None and sampler.exact:
             raise ValueError(
                 f"sampler.local_energy_dtype={local_energy_dtype} needs Monte Carlo samples; "
                 "the full sum's local energies come from one sparse product, not the network"
@@ -208,30 +149,76 @@ class VMC:
         self._local_energy_network = NetworkCopy(
             local_energy_dtype, key="sampler.local_energy_dtype"
         )
+        # a schedule is the value: asked for the step's lr and diagonal shift
+        self.lr = Schedule.of(self.optimizer, "lr")
+        self.diag_shift = Schedule.of(self.optimizer, "diag_shift")
+        self.adam = Adam() if self.optimizer.method == "adam" else None
+        self.anneal = anneal
+        self.step_hamiltonian, self.anneal_fraction = hamiltonian, 1.0  # what the steps optimise
+        self._n_samples = (sampler.n_samples, n_samples_late, late_fraction)
         self.step_count = 0
-        # fraction of a wall-clock budget spent, set by whoever keeps the clock; schedules
-        # then run over n_iter or the budget, whichever ends first (None: steps only)
-        self.budget_progress: float | None = None
-        self.adam = Adam() if settings.method == "adam" else None
+        # wall-clock seconds of the loop: of earlier invocations (a resume), and in all
+        self.seconds_before = 0.0
+        self.seconds = 0.0
         self._last_good: tuple[torch.Tensor, dict | None] | None = None  # before last update
         self._last_energy: float | None = None
         self._average: tuple[torch.Tensor, int] | None = None  # (mean θ, count)
         self._recent_norms: list[float] = []  # lengths of the last applied updates
 
-    def run(self, n_iter: int | None = None) -> Iterator[StepResult]:
-        """Yields one `StepResult` per step, ``n_iter`` steps (default ``settings.n_iter``)."""
-        for _ in range(self.settings.n_iter if n_iter is None else n_iter):
-            yield self.step()
+    def run(self, n_iter: int | None = None, callbacks=()) -> Iterator[StepResult]:
+        """Yields one `StepResult` per step, until ``optimizer.n_iter`` steps are done in all
+        (or ``n_iter`` more) or the budget ``optimizer.max_seconds`` is spent.
+
+        After each step every callback is called as ``callback(vmc, result)``: one that
+        returns True ends the loop after this step, one that raises ends it at once.
+        """
+        n_iter = self.optimizer.n_iter - self.step_count if n_iter is None else n_iter
+        start, self.seconds = time.perf_counter(), self.seconds_before
+        self._advance()
+        for _ in range(n_iter):
+            result = self.step()
+            if self.optimizer.max_seconds is not None:
+                # every rank follows the slowest clock: their schedules stay equal
+                self.seconds = agree_max(self.seconds_before + time.perf_counter() - start)
+            stop = [bool(callback(self, result)) for callback in callbacks]
+            yield result
+            if any(stop) or self.budget_spent():
+                return
+            self._advance()
+
+    def budget_spent(self) -> bool:
+        """Returns whether the wall-clock budget ``optimizer.max_seconds`` is spent."""
+        budget = self.optimizer.max_seconds
+        return budget is not None and self.seconds >= budget
+
+    def budget_progress(self) -> float | None:
+        """Returns the fraction of ``optimizer.max_seconds`` spent (None without a budget)."""
+        budget = self.optimizer.max_seconds
+        return None if budget is None else min(self.seconds / budget, 1.0)
+
+    def progress(self) -> float:
+        """Returns the fraction of the run done: of ``n_iter`` steps or of the budget."""
+        return max(self.step_count / self.optimizer.n_iter, self.budget_progress() or 0.0)
+
+    def _advance(self) -> None:
+        """Sets what the next step needs of the run's progress: the Hamiltonian along the
+        annealing path, and the late sample count once past its fraction of the run."""
+        progress = self.progress()
+        if self.anneal is not None:
+            self.step_hamiltonian, self.anneal_fraction = self.anneal(progress)
+        early, late, late_fraction = self._n_samples
+        if late is not None:
+            self.sampler.set_n_samples(late if progress >= late_fraction else early)
 
     def step(self) -> StepResult:
         """Returns the result of one guarded step; raises `NonFiniteEnergyError`."""
-        for n_retries in range(self.settings.max_retries + 1):
+        for n_retries in range(self.max_retries + 1):
             result = self._attempt(boost=10.0**n_retries)
             if result is not None:
                 result.n_retries = n_retries
                 self.step_count += 1
                 return result
-        raise NonFiniteEnergyError(self.step_count, self._last_energy, self.settings.max_retries)
+        raise NonFiniteEnergyError(self.step_count, self._last_energy, self.max_retries)
 
     def _attempt(self, boost: float) -> StepResult | None:
         timings = {}
@@ -242,14 +229,8 @@ class VMC:
             self._undo_last_update()
             return None
         start = time.perf_counter()
-        e_loc = sample_local_energy(
-            self.hamiltonian,
-            self.model,
-            self.sampler,
-            samples,
-            self.chunk_size,
-            network=self._local_energy_network(self.model),
-        )
+        network = self._local_energy_network(self.model)
+        e_loc = self.sampler.local_energy(self.step_hamiltonian, network, samples, self.chunk_size)
         stats = sample_statistics(e_loc, samples)
         timings["local_energy"] = _lap(start)
         if not math.isfinite(abs(stats.mean)):
@@ -257,7 +238,7 @@ class VMC:
             return None
         lr, diag_shift = self._hyperparameters(boost)
         theta, adam_before = parameter_vector(self.model), _copy_state(self.adam)
-        update = self._update(samples, e_loc, diag_shift, timings)
+        update, method = self._update(samples, e_loc, diag_shift, timings)
         if not bool(torch.isfinite(update).all()):
             if adam_before is not None:
                 self.adam.load_state_dict(adam_before)
@@ -281,6 +262,8 @@ class VMC:
             diag_shift=diag_shift,
             timings=timings,
             update_capped=capped,
+            method=method,
+            anneal_fraction=self.anneal_fraction,
         )
 
     def _within_trust_bound(self, step: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -288,7 +271,7 @@ class VMC:
         recent updates when it is longer (once ``UPDATE_MIN_HISTORY`` are known), and whether
         it was; records the applied length."""
         length, capped = float(step.norm()), False
-        ratio, recent = self.settings.max_update_ratio, self._recent_norms
+        ratio, recent = self.optimizer.max_update_ratio, self._recent_norms
         if ratio is not None and len(recent) >= UPDATE_MIN_HISTORY:
             bound = ratio * float(np.median(recent))
             if length > bound:
@@ -297,12 +280,8 @@ class VMC:
         del recent[:-UPDATE_WINDOW]
         return step, capped
 
-    def progress(self) -> float:
-        """Returns the fraction of the run done: of ``n_iter`` steps or of the budget."""
-        return max(self.step_count / self.settings.n_iter, self.budget_progress or 0.0)
-
     def _add_to_average(self, theta: torch.Tensor) -> None:
-        start = self.settings.average_from
+        start = self.optimizer.average_from
         if start is None or self.progress() < start:
             return
         if self._average is None:
@@ -317,17 +296,19 @@ class VMC:
         return self._average
 
     def _hyperparameters(self, boost: float) -> tuple[float, float]:
-        lr = self.settings.lr_at(self.step_count, self.budget_progress)
-        diag_shift = self.settings.diag_shift_at(self.step_count, self.budget_progress)
+        progress = self.budget_progress()
+        lr = self.lr(self.step_count, progress)
+        diag_shift = self.diag_shift(self.step_count, progress)
         if self.adam is not None:
             return lr / boost, diag_shift
         return lr, diag_shift * boost
 
-    def _update(self, samples: Samples, e_loc, diag_shift, timings) -> torch.Tensor:
-        """Returns the direction ``g`` (apply ``θ ← θ − η g``), float64 ``(P,)``."""
+    def _update(self, samples: Samples, e_loc, diag_shift, timings) -> tuple[torch.Tensor, str]:
+        """Returns the direction ``g`` (apply ``θ ← θ − η g``), float64 ``(P,)``, and the
+        solve that gave it."""
         x, weights = samples.x.reshape(-1, samples.x.shape[-1]), samples.weights
         e_loc = e_loc.reshape(-1)
-        width = self.settings.clip_local_energy
+        width = self.optimizer.clip_local_energy
         if weights is None:
             importance = samples.log_importance
             if importance is not None:
@@ -342,15 +323,16 @@ class VMC:
         timings["jacobian"] = _lap(start)
         start = time.perf_counter()
         if self.adam is None:
+            method = chosen_solve(self.optimizer.method, jac)
             update = natural_gradient(
-                jac, e_loc, diag_shift=diag_shift, weights=weights, method=self.settings.method
+                jac, e_loc, diag_shift=diag_shift, weights=weights, method=method
             )
         else:
-            update = self.adam.direction(energy_gradient(jac, e_loc, weights))
+            method, update = "adam", self.adam.direction(energy_gradient(jac, e_loc, weights))
         timings["solve"] = _lap(start)
         # every rank solved the same system; rank 0's answer keeps the parameters equal
         # on all ranks even where rounding differs between them
-        return broadcast_from_root(update)
+        return broadcast_from_root(update), method
 
     def _undo_last_update(self):
         if self._last_good is None:
@@ -425,78 +407,12 @@ def _check_state(state: dict, n_params: torch.Size) -> None:
         )
 
 
-def optimize(
-    hamiltonian, model, sampler, settings: OptimizerSettings, n_iter=None, *, chunk_size=None
-):
-    """Yields a `StepResult` per step; shorthand for ``VMC(...).run(n_iter)``."""
-    yield from VMC(hamiltonian, model, sampler, settings, chunk_size=chunk_size).run(n_iter)
-
-
-def n_batches(sampler, n_samples: int) -> int:
-    """Returns the calls of ``sampler`` that `draw_samples` makes for ``n_samples`` samples
-    (one for the exact sampler, which returns the whole sector)."""
-    return 1 if isinstance(sampler, ExactSampler) else math.ceil(n_samples / sampler.n_samples)
-
-
-def draw_samples(
-    sampler, model, n_samples: int | None = None, n_discard: int | None = None
-) -> Samples:
-    """Returns at least ``n_samples`` samples of ``|ψ|²``, joined along each chain.
-
-    Draws ``ceil(n_samples / sampler.n_samples)`` batches: the first after ``n_discard``
-    sweeps per chain (None: the sampler's ``n_discard``), the later ones continuing the
-    chains without discarding. The exact sampler returns the whole sector once.
-    """
-    n_samples = sampler.n_samples if n_samples is None else n_samples
-    batches = [
-        sampler.sample(model, n_discard=n_discard if b == 0 else 0)
-        for b in range(n_batches(sampler, n_samples))
-    ]
-    if len(batches) == 1:
-        return batches[0]
-    return Samples(
-        x=torch.cat([s.x for s in batches], dim=1),
-        log_psi=torch.cat([s.log_psi for s in batches], dim=1),
-        weights=None,
-        acceptance=sum(s.acceptance for s in batches) / len(batches),
-        log_importance=None
-        if batches[0].log_importance is None
-        else torch.cat([s.log_importance for s in batches], dim=1),
-    )
-
-
 def final_estimate(
     hamiltonian, model, sampler, *, n_samples: int | None = None, chunk_size=None
 ) -> Stats:
     """Returns the energy `Stats` of the current parameters from ``n_samples`` samples."""
-    samples = draw_samples(sampler, model, n_samples)
-    e_loc = sample_local_energy(hamiltonian, model, sampler, samples, chunk_size)
-    return sample_statistics(e_loc, samples)
-
-
-def sample_statistics(e_loc: torch.Tensor, samples: Samples) -> Stats:
-    """Returns the `Stats` of local energies: exact sums for the full sum, importance-
-    weighted for samples of ``|ψ|^p`` (p ≠ 2), plain Monte Carlo otherwise."""
-    if samples.log_importance is not None:
-        return importance_statistics(e_loc, importance_weights(samples.log_importance))
-    return statistics(e_loc, samples.weights)
-
-
-def sample_local_energy(
-    hamiltonian, model, sampler, samples: Samples, chunk_size=None, *, network=None
-):
-    """Returns the local energies of ``samples`` drawn by ``sampler``.
-
-    The whole sector (exact sampler) takes one sparse matvec; Monte Carlo samples go
-    through ``local_energy`` and ``network`` (default ``model``; e.g. its float32 copy),
-    which evaluates the connected configurations only: the denominators ``ψ(x)`` are the
-    samples' own ``log ψ``. Rounding in a float32 ``log ψ(x)`` would scale every term of
-    ``E_loc(x)`` alike, while the numerators' errors partly average out over the terms.
-    """
-    if isinstance(sampler, ExactSampler):
-        return sampler.local_energy(hamiltonian, samples.log_psi)
-    network = model if network is None else network
-    return local_energy(hamiltonian, network, samples.x, samples.log_psi, chunk_size)
+    samples = sampler.draw(model, n_samples)
+    return sample_statistics(sampler.local_energy(hamiltonian, model, samples, chunk_size), samples)
 
 
 def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor, importance=None):

@@ -370,3 +370,12 @@ def split_r_hat(values: torch.Tensor) -> float:
     if float(within) <= 0:
         return 1.0
     return math.sqrt(float(((half - 1) / half * within + between) / within))
+
+
+def sample_statistics(e_loc: torch.Tensor, samples) -> Stats:
+    """Returns the `Stats` of the local energies of `sampler.Samples`: exact sums for the
+    full sum, importance-weighted for samples of ``|ψ|^p`` (p ≠ 2), plain Monte Carlo
+    otherwise."""
+    if samples.log_importance is not None:
+        return importance_statistics(e_loc, importance_weights(samples.log_importance))
+    return statistics(e_loc, samples.weights)

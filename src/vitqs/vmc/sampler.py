@@ -48,13 +48,12 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from vitqs.config import BOSON_RULES, RULES, SPIN_RULES, SamplerConfig
 from vitqs.distributed import gather_rows, rank, reduce_sum, world_size
 from vitqs.models.precision import NetworkCopy
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.symmetry import sector_orbits
-from vitqs.vmc.estimators import distinct_rows, evaluate_log_psi
-
-RULES = ("auto", "exchange", "exchange_global", "hop")
+from vitqs.vmc.estimators import distinct_rows, evaluate_log_psi, local_energy
 
 # Rank r seeds its generator with seed + r * _RANK_SEED_STRIDE: streams far apart for the
 # seeds a user picks by hand (0, 1, 42 ...), whose runs stay distinct on any number of ranks.
@@ -103,7 +102,95 @@ def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
     return param.device, param.dtype
 
 
-class MetropolisSampler:
+class Sampler:
+    """What the VMC loop, the final measurement and the checkpoints ask of a sampler: the one
+    interface of Monte Carlo chains (`MetropolisSampler`) and exact sums (`ExactSampler`).
+
+    Attributes:
+        hilbert: the sector sampled.
+        n_samples: samples per call over all ranks (for exact sums: the states summed over).
+        n_chains: chains on this rank (1 for exact sums: one "chain" holds the sector).
+        n_per_chain: samples each chain keeps per call.
+        n_discard: sweeps per chain before a call keeps samples (0 for exact sums).
+        exact: the samples are the whole sector (or one state per orbit) with weights
+            ``|ψ|²/Σ|ψ|²``: the sums are exact, no sample carries noise.
+    """
+
+    exact: bool = False
+
+    def sample(self, model, n_discard: int | None = None) -> Samples:
+        """Returns one batch of `Samples` of ``|ψ|²`` (or of ``|ψ|^machine_pow``)."""
+        raise NotImplementedError
+
+    def local_energy(self, hamiltonian, network, samples: Samples, chunk_size=None):
+        """Returns the local energies ``(n_chains, n_per_chain)`` of ``samples``; ``network``
+        evaluates ψ at the connected configurations (the model, or its float32 copy)."""
+        raise NotImplementedError
+
+    def set_n_samples(self, n_samples: int) -> None:
+        """Sets the samples per call from now on (``sampler.n_samples_late``)."""
+        raise NotImplementedError
+
+    def start_chains(self, chains) -> None:
+        """Starts the chains from these configurations ``(n, n_sites)`` (``model.init_from``)."""
+        raise NotImplementedError
+
+    def measuring(self) -> Sampler:
+        """Returns the sampler of the final measurement: of ``|ψ|²`` itself, over every state
+        of the sector (site-resolved observables are not invariant under the symmetries)."""
+        raise NotImplementedError
+
+    def amplitudes(self, samples: Samples) -> np.ndarray | None:
+        """Returns ψ over the whole sector in ``all_states`` order, complex128 and scaled to
+        a largest amplitude of 1, when ``samples`` hold every state; else None."""
+        return None
+
+    def n_batches(self, n_samples: int) -> int:
+        """Returns the calls of `sample` that `draw` makes for ``n_samples`` samples."""
+        return math.ceil(n_samples / self.n_samples)
+
+    def discard_before(self, n_samples: int, n_discard: int | None = None) -> int:
+        """Returns the sweeps each chain makes before a measurement of ``n_samples`` keeps
+        samples: ``n_discard`` when given, else as many as each chain then keeps (half of
+        every chain is thrown away, whatever distribution the chains came from), at least the
+        sampler's own ``n_discard``."""
+        if n_discard is not None:
+            return n_discard
+        kept = self.n_batches(n_samples) * self.n_per_chain  # one per sweep
+        return max(self.n_discard, kept)
+
+    def draw(self, model, n_samples: int | None = None, n_discard: int | None = None) -> Samples:
+        """Returns at least ``n_samples`` samples, joined along each chain.
+
+        Draws `n_batches` batches: the first after ``n_discard`` sweeps per chain (None: the
+        sampler's ``n_discard``), the later ones continuing the chains without discarding.
+        """
+        n_samples = self.n_samples if n_samples is None else n_samples
+        batches = [
+            self.sample(model, n_discard=n_discard if b == 0 else 0)
+            for b in range(self.n_batches(n_samples))
+        ]
+        if len(batches) == 1:
+            return batches[0]
+        return Samples(
+            x=torch.cat([s.x for s in batches], dim=1),
+            log_psi=torch.cat([s.log_psi for s in batches], dim=1),
+            weights=None,
+            acceptance=sum(s.acceptance for s in batches) / len(batches),
+            log_importance=None
+            if batches[0].log_importance is None
+            else torch.cat([s.log_importance for s in batches], dim=1),
+        )
+
+    def state_dict(self) -> dict:
+        """Returns what a checkpoint keeps of the sampler."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores `state_dict` (applied at the next call)."""
+
+
+class MetropolisSampler(Sampler):
     """Metropolis-Hastings chains of ``|ψ|²`` that persist across parameter updates.
 
     Args:
@@ -127,14 +214,14 @@ class MetropolisSampler:
         self,
         hamiltonian,
         *,
-        n_samples: int,
-        n_chains: int,
-        sweep_size: int | None = None,
-        n_discard: int = 5,
-        rule: str = "auto",
+        n_samples: int = SamplerConfig.n_samples,
+        n_chains: int = SamplerConfig.n_chains,
+        sweep_size: int | None = SamplerConfig.sweep_size,
+        n_discard: int = SamplerConfig.n_discard,
+        rule: str = SamplerConfig.rule,
         seed: int = 0,
         dtype: torch.dtype | None = None,
-        machine_pow: float = 2.0,
+        machine_pow: float = SamplerConfig.machine_pow,
     ):
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
@@ -172,6 +259,16 @@ class MetropolisSampler:
             )
         self.n_samples = int(n_samples)
         self.n_per_chain = self.n_samples // self.n_chains_total
+
+    def local_energy(self, hamiltonian, network, samples: Samples, chunk_size=None):
+        """Returns the local energies of the samples, through ``network`` at the connected
+        configurations only: the denominators ``ψ(x)`` are the samples' own ``log ψ``.
+        Rounding in a float32 ``log ψ(x)`` would scale every term of ``E_loc(x)`` alike, while
+        the numerators' errors partly average out over the terms."""
+        return local_energy(hamiltonian, network, samples.x, samples.log_psi, chunk_size)
+
+    def measuring(self) -> MetropolisSampler:
+        return self.of_psi_squared()
 
     def of_psi_squared(self) -> MetropolisSampler:
         """Returns a sampler of ``|ψ|²`` itself that carries on these chains: this one when
@@ -422,12 +519,14 @@ def _resolve_rule(rule: str, hilbert) -> str:
     if rule not in RULES:
         raise ValueError(f"sampler.rule={rule!r} is not one of {list(RULES)}")
     is_spin = isinstance(hilbert, SpinHalf)
+    allowed = SPIN_RULES if is_spin else BOSON_RULES
     if rule == "auto":
-        return "exchange" if is_spin else "hop"
-    if (rule == "hop") == is_spin:
-        allowed = ["exchange", "exchange_global"] if is_spin else ["hop"]
+        return allowed[0]
+    if rule not in allowed:
         kind = "spin" if is_spin else "boson"
-        raise ValueError(f"sampler.rule={rule!r} does not apply to a {kind} model; use {allowed}")
+        raise ValueError(
+            f"sampler.rule={rule!r} does not apply to a {kind} model; use {list(allowed)}"
+        )
     return rule
 
 
@@ -448,7 +547,7 @@ def _move_table(rule: str, hamiltonian) -> np.ndarray:
     return np.ascontiguousarray(bonds, dtype=np.int64)
 
 
-class ExactSampler:
+class ExactSampler(Sampler):
     """Full enumeration of the sector: every state with weight ``|ψ(x)|² / Σ_x |ψ(x)|²``.
 
     With ``symmetry``, the model's symmetry group, a sum over the sector is a sum over its
@@ -466,7 +565,12 @@ class ExactSampler:
             parameter value (`models.symmetrize.invariances`), or None: every state.
     """
 
-    def __init__(self, hilbert: SpinHalf | Bosons, chunk_size: int | None = None, symmetry=None):
+    def __init__(
+        self,
+        hilbert: SpinHalf | Bosons,
+        chunk_size: int | None = SamplerConfig.chunk_size,
+        symmetry=None,
+    ):
         if world_size() > 1:  # every rank would sum the whole sector, and reductions add them
             raise ValueError(
                 f"sampler.kind=full_sum sums the whole sector in one process; it does not run "
@@ -474,7 +578,7 @@ class ExactSampler:
             )
         self.hilbert = hilbert
         self.n_sites = hilbert.n_sites
-        self.n_chains = 1
+        self.n_chains, self.n_discard = 1, 0
         self.chunk_size = chunk_size
         self.symmetry = symmetry
         states = hilbert.all_states()
@@ -482,14 +586,42 @@ class ExactSampler:
         if self.orbits is not None:
             states = states[self.orbits.representatives]
             self._log_sizes = torch.as_tensor(np.log(self.orbits.sizes), dtype=torch.float64)
-        self.n_samples = len(states)  # the states each sum runs over
+        self.n_samples = self.n_per_chain = len(states)  # the states each sum runs over
         self._states_np = states
         self._states: torch.Tensor | None = None
         self._matrix, self._matrix_of = None, None
 
+    exact = True
+
     @property
     def reduced(self) -> bool:
         return self.orbits is not None
+
+    def n_batches(self, n_samples: int) -> int:
+        return 1  # every call is the whole sector
+
+    def discard_before(self, n_samples: int, n_discard: int | None = None) -> int:
+        return 0  # no chain to thermalise
+
+    def set_n_samples(self, n_samples: int) -> None:
+        pass  # every call sums the whole sector
+
+    def start_chains(self, chains) -> None:
+        pass  # no chains
+
+    def measuring(self) -> ExactSampler:
+        return self.unreduced()
+
+    def amplitudes(self, samples: Samples) -> np.ndarray | None:
+        if self.reduced:
+            return None
+        log_psi = samples.log_psi.reshape(-1).cpu().numpy().astype(np.complex128)
+        return np.exp(log_psi - log_psi.real.max())
+
+    def local_energy(self, hamiltonian, network, samples: Samples, chunk_size=None):
+        """Returns the local energies from one sparse product over the sector
+        (`sector_local_energy`): no ``network`` is needed, every amplitude is known already."""
+        return self.sector_local_energy(hamiltonian, samples.log_psi)
 
     def unreduced(self) -> ExactSampler:
         """Returns the sampler of every state of the sector (itself when not reduced)."""
@@ -535,7 +667,7 @@ class ExactSampler:
         weights = torch.softmax(log_weights, dim=0)
         return Samples(self._states[None], log_psi[None], weights[None], math.nan)
 
-    def local_energy(self, hamiltonian, log_psi: torch.Tensor) -> torch.Tensor:
+    def sector_local_energy(self, hamiltonian, log_psi: torch.Tensor) -> torch.Tensor:
         """Returns ``E_loc(x) = (Hψ)(x) / ψ(x)`` for every state, shaped like ``log_psi``.
 
         ``log_psi`` holds log ψ over the whole sector in ``all_states()`` order (as `sample`
@@ -576,9 +708,3 @@ class ExactSampler:
             shape=(self.hilbert.dimension, len(orbits.representatives)),
         )
         return (matrix[orbits.representatives] @ spread).tocsr()
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict):
-        pass

@@ -1,4 +1,4 @@
-"""Stochastic reconfiguration: log-derivatives, the SR and minSR solves, schedules, Adam.
+"""Stochastic reconfiguration: log-derivatives and the SR and minSR solves.
 
 Pure tensor functions except `log_derivatives` and the parameter-vector helpers, which
 read a model. Parameters θ are real; ``log ψ`` is complex. With ``O_k(x) = ∂ log ψ(x)/∂θ_k``,
@@ -9,23 +9,20 @@ weights ``p(x)`` (``1/N_s`` for Monte Carlo samples, ``|ψ|²/Σ|ψ|²`` for the
 
 The energy gradient with respect to real θ is ``∂E/∂θ = 2F``; SR absorbs the 2 into η
 (``δθ = −η S⁻¹F`` is an imaginary-time step ``dτ = η``; plain gradient descent at rate η/2
-follows ``−2F``). Adam is fed the true gradient ``2F``.
+follows ``−2F``). Adam (`optimizers`) is fed the true gradient ``2F``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from einops import rearrange
 from torch.func import functional_call, jacrev, vmap
 
+from vitqs.config import NATURAL_GRADIENTS, OptimizerConfig
 from vitqs.distributed import gather_rows, rank, reduce_sum, total_count, world_size
 from vitqs.vmc.estimators import sample_mean
-
-METHODS = ("auto", "sr", "minsr")
-SCHEDULES = ("constant", "exponential", "cosine")
 
 
 # ------------------------------------------------------------------ parameters
@@ -169,12 +166,6 @@ def _gram_upper(
     return out
 
 
-def quantum_geometric_tensor(jac, weights=None) -> torch.Tensor:
-    """Returns ``S = Re⟨Ō† Ō⟩`` ``(P, P)`` float64 from log-derivatives ``(N_s, P)``."""
-    X, _ = _scaled_centred(jac, torch.zeros(jac.shape[0], device=jac.device), weights)
-    return reduce_sum(gram(X, rows=False))
-
-
 def force(jac, e_loc, weights=None) -> torch.Tensor:
     """Returns ``F = Re⟨Ō† ε⟩`` ``(P,)`` float64; the energy gradient is ``2F``."""
     X, e = _scaled_centred(jac, e_loc, weights)
@@ -187,7 +178,7 @@ def natural_gradient(
     *,
     diag_shift: float,
     weights: torch.Tensor | None = None,
-    method: str = "auto",
+    method: str = OptimizerConfig.method,
 ) -> torch.Tensor:
     """Returns ``g = (S + λI)⁻¹ F`` ``(P,)`` float64; apply ``θ ← θ − η g``.
 
@@ -215,18 +206,31 @@ def natural_gradient(
         weights: ``(N_s,)`` exact weights summing to 1, or None for ``1/N_s``.
         method: ``auto`` | ``sr`` | ``minsr``.
     """
-    if method not in METHODS:
-        raise ValueError(f"optimizer.method={method!r} is not one of {list(METHODS)} (or 'adam')")
+    method = chosen_solve(method, jac)
     X, e = _scaled_centred(jac, e_loc, weights)
-    n_rows = total_count(X.shape[0], X.device)  # every rank must take the same branch
-    if method == "auto":
-        method = "minsr" if n_rows < X.shape[1] else "sr"
     if method == "sr":
         S = reduce_sum(_gram_upper(X, rows=False))
         return solve_shifted(S, reduce_sum(X.T @ e), diag_shift)
     if world_size() == 1:
         return X.T @ solve_shifted(_gram_upper(X, rows=True), e, diag_shift)
     return _distributed_minsr(X, e, diag_shift)
+
+
+def chosen_solve(method: str, jac: torch.Tensor) -> str:
+    """Returns the solve `natural_gradient` runs for ``method`` (one of
+    `config.NATURAL_GRADIENTS`) on log-derivatives ``jac`` ``(N_s, P)``: ``auto`` takes
+    ``minsr`` when ``X`` has fewer rows than parameters (``2 N_s`` rows over all ranks, ``N_s``
+    for the real log-derivatives of a positive ψ, distinct samples counted once)."""
+    if method not in NATURAL_GRADIENTS:
+        raise ValueError(
+            f"optimizer.method={method!r} is not a natural gradient; choose one of: "
+            f"{' | '.join(NATURAL_GRADIENTS)}"
+        )
+    if method != "auto":
+        return method
+    n_rows = (2 if jac.is_complex() else 1) * jac.shape[0]
+    # every rank must take the same branch
+    return "minsr" if total_count(n_rows, jac.device) < jac.shape[1] else "sr"
 
 
 def _distributed_minsr(X: torch.Tensor, e: torch.Tensor, diag_shift: float) -> torch.Tensor:
@@ -304,73 +308,3 @@ def solve_shifted(A: torch.Tensor, b: torch.Tensor, diag_shift: float) -> torch.
 def energy_gradient(jac, e_loc, weights=None) -> torch.Tensor:
     """Returns ``∂E/∂θ = 2F`` ``(P,)`` float64, the gradient a plain optimizer follows."""
     return 2 * force(jac, e_loc, weights)
-
-
-# ----------------------------------------------------------------- schedules
-@dataclass(frozen=True)
-class Schedule:
-    """A value per step: ``constant``, or from ``initial`` to ``final`` over ``n_steps``.
-
-    With ``t = min(step, n_steps)/n_steps``: exponential ``initial·(final/initial)^t``;
-    cosine ``final + (initial − final)(1 + cos πt)/2``. After ``n_steps`` it stays at final.
-    """
-
-    initial: float
-    final: float | None = None
-    kind: str = "constant"
-    n_steps: int = 1
-
-    def __post_init__(self):
-        if self.kind not in SCHEDULES:
-            raise ValueError(f"schedule kind {self.kind!r} is not one of {list(SCHEDULES)}")
-        if self.kind != "constant" and self.final is None:
-            raise ValueError(f"a {self.kind} schedule from {self.initial} needs a final value")
-        if self.kind == "exponential" and not (self.initial > 0 and self.final > 0):
-            raise ValueError(
-                f"an exponential schedule needs positive values, got {self.initial} -> {self.final}"
-            )
-        if self.n_steps < 1:
-            raise ValueError(f"schedule n_steps={self.n_steps} must be >= 1")
-
-    def __call__(self, step: int, progress: float | None = None) -> float:
-        """Returns the value at ``step``, or further on when ``progress`` (a fraction of the
-        run already done by another measure, e.g. of a wall-clock budget) is ahead."""
-        if self.kind == "constant":
-            return float(self.initial)
-        t = min(step, self.n_steps) / self.n_steps
-        if progress is not None:
-            t = min(max(t, float(progress)), 1.0)
-        if self.kind == "exponential":
-            return float(self.initial * (self.final / self.initial) ** t)
-        return float(self.final + (self.initial - self.final) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
-# ---------------------------------------------------------------------- Adam
-class Adam:
-    """Adam moments (Kingma & Ba, 2015): `direction` gives ``m̂ / (√v̂ + eps)``; apply
-    ``θ ← θ − η · direction(∂E/∂θ)``."""
-
-    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.betas, self.eps = tuple(betas), float(eps)
-        self.step = 0
-        self.m: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-
-    def direction(self, grad: torch.Tensor) -> torch.Tensor:
-        """Returns the bias-corrected Adam direction ``(P,)`` and advances the moments."""
-        b1, b2 = self.betas
-        if self.m is None:
-            self.m, self.v = torch.zeros_like(grad), torch.zeros_like(grad)
-        self.step += 1
-        self.m = b1 * self.m + (1 - b1) * grad
-        self.v = b2 * self.v + (1 - b2) * grad**2
-        m_hat = self.m / (1 - b1**self.step)
-        v_hat = self.v / (1 - b2**self.step)
-        return m_hat / (v_hat.sqrt() + self.eps)
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "m": self.m, "v": self.v, "betas": self.betas, "eps": self.eps}
-
-    def load_state_dict(self, state: dict):
-        self.step, self.m, self.v = int(state["step"]), state["m"], state["v"]
-        self.betas, self.eps = tuple(state["betas"]), float(state["eps"])

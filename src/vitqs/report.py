@@ -1,0 +1,220 @@
+"""What results files say: a summary table of runs, and the energy of a trained state summed
+over its sector.
+
+``report`` returns the markdown table of one results file or a folder of them (and writes each
+run's figures). ``state_energy`` returns a finished run's enumerated energy ⟨ψ|H|ψ⟩/⟨ψ|ψ⟩: at
+relative errors of 1e-5 the Monte Carlo error bar is as large as the error itself, while a
+full sum carries no noise and is variational, never below the ground-state energy.
+``by_probability`` returns where the trained state differs from the exact ground state φ, per
+decade of ``|φ(x)|²``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from vitqs import results
+from vitqs.build import build_hamiltonian, build_network
+from vitqs.config import from_dict
+from vitqs.models.symmetrize import final_symmetrized
+from vitqs.physics import exact
+from vitqs.plots import plot_run
+from vitqs.results import SUMMARY_COLUMNS, ResultsError, read_results, summary_row
+from vitqs.vmc.driver import final_estimate
+from vitqs.vmc.sampler import ExactSampler
+from vitqs.vmc.sr import set_parameter_vector
+
+# ---- the summary table -----------------------------------------------------------------------
+
+
+def report(path: str | Path) -> tuple[str, list[Path]]:
+    """Returns (markdown table, written PNGs) for one results file or every ``*.h5`` below a
+    folder (recursive).
+
+    Figures of ``<dir>/<name>.h5`` go to ``<dir>/<name>/``. A file that does not read as a
+    results file becomes a table row with status ``unreadable: <reason>``. Raises
+    ResultsError when ``path`` does not exist or is a folder without results files.
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.rglob("*.h5"))
+        if not files:
+            raise ResultsError(f"{path}: no results files (*.h5) in this folder or below")
+    elif path.exists():
+        files = [path]
+    else:
+        raise ResultsError(f"{path}: no such results file or folder")
+    rows, pngs = [], []
+    for file in files:
+        try:
+            record = read_results(file)
+        except ResultsError as err:
+            rows.append(_unreadable_row(file, err))
+            continue
+        pngs += plot_run(record, file.with_suffix(""))
+        rows.append(summary_row(record))
+    return markdown_table(rows, SUMMARY_COLUMNS), pngs
+
+
+def _unreadable_row(file: Path, err: ResultsError) -> dict:
+    # the message names the file already; keep only the reason after it
+    reason = str(err).removeprefix(str(file)).lstrip(": ")
+    return {"name": str(file), "status": f"unreadable: {reason}"}
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    """Returns a GitHub markdown table of ``rows`` with ``columns``; missing values are blank."""
+    lines = [
+        "| " + " | ".join(columns) + " |",
+        "| " + " | ".join("---" for _ in columns) + " |",
+    ]
+    for row in rows:
+        cells = (_format_cell(column, row.get(column)) for column in columns)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _format_cell(column: str, value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, (float, np.floating)):
+        if "energy" in column and "error" not in column:
+            # energies to 1e-8: relative errors of 1e-6 and below must be readable off them
+            return f"{value:.8f}"
+        if column == "seconds":
+            return f"{value:.1f}"
+        if "error" in column or column == "v_score":
+            return f"{value:.2e}"
+        return f"{value:.6g}"  # parameters (U = 3.3) and observables
+    return str(value).replace("|", "\\|")  # a bar inside a cell would split it
+
+
+# ---- the enumerated energy of a trained state ------------------------------------------------
+
+
+def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dict | None:
+    """Returns the enumerated energy of the run's final state, or None if not applicable.
+
+    ``symmetrize`` replaces the run's ``final.symmetrize`` (None: the run's own).
+
+    With ``optimizer.average_from`` the final state is the mean of the late iterates; the
+    row then also gives the energy of the last iterate measured in the loop, to show what
+    the averaging bought (``last_iterate_relative_error``).
+    """
+    run = enumerable_run(path, max_dim, symmetrize)
+    if run is None:
+        return None
+    record, config, hamiltonian = run
+    state = results.load_checkpoint(record)
+    exact = record.exact["energy"]
+    energy = enumerated_energy(config, hamiltonian, state["model"])
+    monte_carlo = record.final["energy"]
+    row = {
+        "name": record.name,
+        "dimension": hamiltonian.hilbert.dimension,
+        "monte_carlo": monte_carlo,
+        "monte_carlo_error": record.final["energy_error"],
+        "enumerated": energy,
+        "exact": exact,
+        "mc_relative_error": (monte_carlo - exact) / abs(exact),
+        "relative_error": (energy - exact) / abs(exact),
+    }
+    vmc_state = state.get("vmc") or {}
+    if vmc_state.get("average") is not None and vmc_state.get("last_good") is not None:
+        last = enumerated_energy(config, hamiltonian, state["model"], vmc_state["last_good"][0])
+        row["last_iterate_relative_error"] = (last - exact) / abs(exact)
+    return row
+
+
+def enumerable_run(path: Path, max_dim: int, symmetrize: str | None):
+    """Returns (record, config, Hamiltonian) of a finished run with an exact energy whose
+    sector has at most ``max_dim`` states, its final.symmetrize replaced by ``symmetrize``
+    if given; None otherwise."""
+    record = results.read_results(path)
+    if record.status != "finished" or record.exact is None:
+        return None
+    config = from_dict(yaml.safe_load(record.config_yaml))
+    if symmetrize is not None:
+        config.final.symmetrize = symmetrize
+    hamiltonian = build_hamiltonian(config)
+    if hamiltonian.hilbert.dimension > max_dim:
+        return None
+    return record, config, hamiltonian
+
+
+def enumerated_energy(config, hamiltonian, model_state: dict, theta=None) -> float:
+    """Returns ⟨ψ|H|ψ⟩/⟨ψ|ψ⟩ summed over the sector, for the checkpoint's model (with the
+    parameter vector ``theta`` in place of its own, if given), symmetrized as the run was."""
+    model = final_model(config, hamiltonian, model_state, theta)
+    with torch.no_grad():  # the exact sampler's weights make this a full sum, not an estimate
+        energy = final_estimate(hamiltonian, model, ExactSampler(hamiltonian.hilbert))
+    return energy.mean.real
+
+
+def final_model(config, hamiltonian, model_state: dict, theta=None):
+    """Returns the state the run's final measurement samples: the checkpoint's model (with
+    the parameter vector ``theta`` in place of its own, if given) under the config's final
+    symmetrization, on the CPU."""
+    model = build_network(config, hamiltonian).cpu()
+    model.load_state_dict(model_state)
+    if theta is not None:
+        set_parameter_vector(model, theta)
+    return final_symmetrized(
+        model, config.final.symmetrize, hamiltonian.lattice, config.final.spin_flip
+    )
+
+
+# ---- where the trained state is wrong --------------------------------------------------------
+
+
+def by_probability(path: Path, max_dim: int, symmetrize: str | None = None) -> dict | None:
+    """Returns the run's final state against the exact ground state, per decade of ``|φ|²``:
+    ``rows`` of (decade, states, exact weight, model weight, samples per step, distance),
+    the ``infidelity`` and the total ``distance``; None if not applicable (as `state_energy`)."""
+    run = enumerable_run(path, max_dim, symmetrize)
+    if run is None:
+        return None
+    record, config, hamiltonian = run
+    model = final_model(config, hamiltonian, results.load_checkpoint(record)["model"])
+    with torch.no_grad():
+        log_psi = ExactSampler(hamiltonian.hilbert).sample(model).log_psi.reshape(-1).numpy()
+    phi = exact.ground_state(hamiltonian, max_dim=max_dim, return_vector=True).vector
+    table = infidelity_by_probability(log_psi, phi, config.sampler.n_samples)
+    return {"name": record.name, **table}
+
+
+LOWEST_DECADE = -30  # |φ|² below 1e-29 (or 0) share one row
+
+
+def infidelity_by_probability(log_psi: np.ndarray, phi: np.ndarray, n_samples: int) -> dict:
+    """Returns ψ = exp(log_psi) against φ over the same basis, per decade of ``|φ(x)|²``.
+
+    Both are normalised and α is the phase of ⟨φ|ψ⟩. ``rows`` holds, per decade (highest
+    first, all below ``LOWEST_DECADE`` in one): the decade, the number of states, their weight
+    in φ and in ψ, the samples a step of ``n_samples`` from ``|φ|²`` draws there, and their
+    part of the distance ``Σ_x |ψ(x) − e^{iα} φ(x)|² = 2 (1 − |⟨φ|ψ⟩|)``. ``infidelity`` is
+    ``1 − |⟨φ|ψ⟩|²`` (the distance to first order) and ``distance`` the total.
+    """
+    psi = np.exp(log_psi - log_psi.real.max())
+    psi /= np.linalg.norm(psi)
+    phi = phi / np.linalg.norm(phi)
+    overlap = np.vdot(phi, psi)
+    distance = np.abs(psi - overlap / abs(overlap) * phi) ** 2
+    weight = np.abs(phi) ** 2
+    with np.errstate(divide="ignore"):
+        decade = np.floor(np.log10(weight)).clip(min=LOWEST_DECADE).astype(int)
+    rows = []
+    for d in sorted(set(decade.tolist()), reverse=True):
+        inside = decade == d
+        exact_weight = float(weight[inside].sum())
+        rows.append(
+            (d, int(inside.sum()), exact_weight, float((np.abs(psi[inside]) ** 2).sum()),
+             n_samples * exact_weight, float(distance[inside].sum()))
+        )  # fmt: skip
+    return {"rows": rows, "infidelity": 1 - abs(overlap) ** 2, "distance": float(distance.sum())}

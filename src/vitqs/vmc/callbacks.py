@@ -1,0 +1,39 @@
+"""Callbacks of `VMC.run` that watch the physics of the loop.
+
+A callback is called as ``callback(vmc, result)`` after every step; it returns True to end
+the loop after the step, or raises to stop the run. The shell's callbacks (the results file,
+checkpoints, signals, the progress bar) are in `vitqs.run`.
+"""
+
+from __future__ import annotations
+
+
+class ChainsFrozen(RuntimeError):
+    """The sampler accepted no move for ``sampler.max_frozen_steps`` steps in a row."""
+
+
+class FrozenChains:
+    """Stops a run whose chains have not moved for ``max_steps`` steps in a row: its
+    estimates are of one configuration per chain, and SR cannot move a state whose samples
+    are all alike (a collapsed state). The exact sum's NaN acceptance never counts.
+
+    Args:
+        max_steps: ``sampler.max_frozen_steps``; None: never stop.
+    """
+
+    def __init__(self, max_steps: int | None):
+        self.max_steps, self.n_frozen = max_steps, 0
+
+    def __call__(self, vmc, result) -> bool:
+        self.n_frozen = self.n_frozen + 1 if result.acceptance == 0 else 0
+        if self.max_steps is not None and self.n_frozen >= self.max_steps:
+            step, n = vmc.step_count, self.n_frozen
+            raise ChainsFrozen(
+                f"the sampler accepted no move for {n} steps in a row (steps "
+                f"{step - n + 1}-{step}, sampler.max_frozen_steps={n}): every chain is "
+                f"frozen, so the state has collapsed onto a few configurations and the energy "
+                f"and gradient no longer mean anything (go on with a larger "
+                f"optimizer.diag_shift or a smaller optimizer.lr, or sampler.max_frozen_steps: "
+                f"null to let it run on)"
+            )
+        return False

@@ -1,0 +1,97 @@
+"""How the parameters move besides the natural gradient: schedules of a value over the run,
+and Adam's moments.
+
+A `Schedule` is the value: the loop asks it for the learning rate or the diagonal shift at
+each step (``optimizer.lr``, ``lr_final``, ``lr_schedule``; the same for ``diag_shift``),
+over ``n_iter`` steps or, when ahead, the fraction of a wall-clock budget spent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vitqs.config import SCHEDULES, OptimizerConfig
+
+
+# ----------------------------------------------------------------- schedules
+@dataclass(frozen=True)
+class Schedule:
+    """A value per step: ``constant``, or from ``initial`` to ``final`` over ``n_steps``.
+
+    With ``t = min(step, n_steps)/n_steps``: exponential ``initial·(final/initial)^t``;
+    cosine ``final + (initial − final)(1 + cos πt)/2``. After ``n_steps`` it stays at final.
+    """
+
+    initial: float
+    final: float | None = None
+    kind: str = "constant"
+    n_steps: int = 1
+
+    @classmethod
+    def of(cls, optimizer: OptimizerConfig, name: str) -> Schedule:
+        """Returns the schedule of ``optimizer.<name>`` (``lr`` or ``diag_shift``): its value,
+        ``<name>_final`` and ``<name>_schedule``, over ``optimizer.n_iter`` steps."""
+        return cls(
+            getattr(optimizer, name),
+            getattr(optimizer, f"{name}_final"),
+            getattr(optimizer, f"{name}_schedule"),
+            optimizer.n_iter,
+        )
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"schedule kind {self.kind!r} is not one of {list(SCHEDULES)}")
+        if self.kind != "constant" and self.final is None:
+            raise ValueError(f"a {self.kind} schedule from {self.initial} needs a final value")
+        if self.kind == "exponential" and not (self.initial > 0 and self.final > 0):
+            raise ValueError(
+                f"an exponential schedule needs positive values, got {self.initial} -> {self.final}"
+            )
+        if self.n_steps < 1:
+            raise ValueError(f"schedule n_steps={self.n_steps} must be >= 1")
+
+    def __call__(self, step: int, progress: float | None = None) -> float:
+        """Returns the value at ``step``, or further on when ``progress`` (a fraction of the
+        run already done by another measure, e.g. of a wall-clock budget) is ahead."""
+        if self.kind == "constant":
+            return float(self.initial)
+        t = min(step, self.n_steps) / self.n_steps
+        if progress is not None:
+            t = min(max(t, float(progress)), 1.0)
+        if self.kind == "exponential":
+            return float(self.initial * (self.final / self.initial) ** t)
+        return float(self.final + (self.initial - self.final) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+# ---------------------------------------------------------------------- Adam
+class Adam:
+    """Adam moments (Kingma & Ba, 2015): `direction` gives ``m̂ / (√v̂ + eps)``; apply
+    ``θ ← θ − η · direction(∂E/∂θ)``."""
+
+    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.betas, self.eps = tuple(betas), float(eps)
+        self.step = 0
+        self.m: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def direction(self, grad: torch.Tensor) -> torch.Tensor:
+        """Returns the bias-corrected Adam direction ``(P,)`` and advances the moments."""
+        b1, b2 = self.betas
+        if self.m is None:
+            self.m, self.v = torch.zeros_like(grad), torch.zeros_like(grad)
+        self.step += 1
+        self.m = b1 * self.m + (1 - b1) * grad
+        self.v = b2 * self.v + (1 - b2) * grad**2
+        m_hat = self.m / (1 - b1**self.step)
+        v_hat = self.v / (1 - b2**self.step)
+        return m_hat / (v_hat.sqrt() + self.eps)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "m": self.m, "v": self.v, "betas": self.betas, "eps": self.eps}
+
+    def load_state_dict(self, state: dict):
+        self.step, self.m, self.v = int(state["step"]), state["m"], state["v"]
+        self.betas, self.eps = tuple(state["betas"]), float(state["eps"])

@@ -1,0 +1,104 @@
+"""The results file a run writes: which path, and the lock that makes the run its only writer.
+
+A new run writes ``<output.dir>/<name>.h5``; an ``--overwrite`` run writes
+``.<name>.h5.pending`` beside it until it finishes, so that the finished run it replaces is
+lost only when the new one has landed. Rank 0 alone decides and writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+from vitqs import distributed
+from vitqs.errors import ConfigError
+
+
+def pending_path(target: Path) -> Path:
+    """Returns where an ``--overwrite`` run writes until it finishes: the finished run it
+    replaces stays in ``target`` meanwhile, so an interrupted replacement loses nothing."""
+    return target.with_name(f".{target.name}.pending")
+
+
+def working_path(target: Path, *, resume: bool, overwrite: bool) -> Path:
+    """Returns the file this run writes, or raises ConfigError (rank 0 decides)."""
+    pending = pending_path(target)
+    if resume:
+        if pending.exists():  # an --overwrite run that was interrupted
+            return pending
+        if not target.exists():
+            raise ConfigError(f"--resume: there is no results file '{target}' to resume")
+        return target
+    if overwrite:
+        pending.unlink(missing_ok=True)  # an earlier replacement, abandoned: start anew
+        return pending if target.exists() else target
+    if target.exists():
+        raise ConfigError(
+            f"results file '{target}' exists; "
+            "pass --resume to continue it or --overwrite to replace it"
+        )
+    if pending.exists():
+        raise ConfigError(
+            f"an --overwrite run of '{target}' was interrupted ('{pending}'); pass --resume to "
+            "continue it or --overwrite to start the replacement again"
+        )
+    return target
+
+
+def check_output_dir(output_dir) -> None:
+    """Raises ConfigError unless ``output.dir`` is, or can be made, a writable folder: found
+    before ED and the steps, not when the first file is due. Creates nothing (a refused
+    config leaves no trace)."""
+    existing = Path(output_dir).absolute()
+    while not existing.exists():  # the nearest existing ancestor decides
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"output.dir='{output_dir}': '{existing}' is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"output.dir='{output_dir}': '{existing}' is not writable")
+
+
+@contextlib.contextmanager
+def sole_writer(path: Path):
+    """Holds an exclusive lock on ``.<name>.h5.lock`` beside the results file (rank 0), from
+    the run's first write or its resume to its end, so that a second ``vitqs run`` on the same
+    file, a ``--resume`` or an ``--overwrite``, is refused instead of writing over a run in
+    progress. The kernel drops the lock when the process ends, however it ends; a clean end
+    also removes the file."""
+    if not distributed.is_root():
+        yield
+        return
+    lock = path.with_name(f".{path.name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # O_NOFOLLOW: a symbolic link planted under the lock's name is refused, not followed
+        descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        raise ConfigError(f"cannot create the lock file '{lock}': {err.strerror}") from None
+    with os.fdopen(descriptor, "w") as handle:
+        if not _hold(handle, lock):
+            raise ConfigError(
+                f"'{path}' is being written by another vitqs process; "
+                "let it finish or stop it (Ctrl-C / SIGTERM checkpoints it) first"
+            )
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)  # still held: a later run locks a new file
+
+
+def _hold(handle, lock: Path) -> bool:
+    """Returns whether this process now holds ``lock`` alone; True also on a file system
+    without locks (run unguarded rather than not at all)."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    try:
+        # a lock on a file that another run removed in between guards nothing
+        return os.fstat(handle.fileno()).st_ino == os.stat(lock).st_ino
+    except FileNotFoundError:
+        return False
