@@ -1,4 +1,5 @@
-"""Shared fixtures: small lattices and Hamiltonians, an isolated ED cache."""
+"""Shared fixtures: small lattices and Hamiltonians, an isolated ED cache, torch's thread count
+restored after every test; helpers live in ``helpers.py``."""
 
 import numpy as np
 import pytest
@@ -12,6 +13,22 @@ from vitqs.physics.operators import BoseHubbard, Heisenberg
 def _isolated_ed_cache(tmp_path_factory, monkeypatch):
     # every test sees an empty ED cache of its own, never the user's ~/.cache
     monkeypatch.setenv("VITQS_CACHE_DIR", str(tmp_path_factory.mktemp("ed_cache")))
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    # configs with threads: 1 set torch's global thread count; give the next test its own
+    n_threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n_threads)
+
+
+@pytest.fixture
+def single_thread():
+    """Runs a test on one intra-op thread: tiny batched ops on a shared 2-core machine are
+    many times faster without OpenMP hand-offs (LayerNorm opens a region at any size and
+    waits ~10 ms for a second thread)."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from vitqs.config import load
 from vitqs.run import run_config
@@ -18,15 +17,8 @@ from vitqs.run import run_config
 CONFIG = Path(__file__).resolve().parents[1] / "configs/benchmarks/bose_hubbard_chain8_U3.3.yaml"
 
 
-@pytest.fixture
-def keep_torch_threads():
-    n_threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n_threads)
-
-
 @pytest.mark.slow
-def test_boson_vit_reaches_ed_on_the_chain_of_8(tmp_path, keep_torch_threads):
+def test_boson_vit_reaches_ed_on_the_chain_of_8(tmp_path):
     config = load(CONFIG, [f"output.dir={tmp_path}"])
     start = time.perf_counter()
     summary = run_config(config, progress=False)

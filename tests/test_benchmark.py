@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+from helpers import (
     assert_one_line_error,
-    keep_torch_threads,
     last_json,
     run_main,
     tiny_heisenberg,

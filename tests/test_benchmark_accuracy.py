@@ -9,7 +9,7 @@ from pathlib import Path
 import benchmark_accuracy as bench  # scripts/ is on the tests' path (pyproject.toml)
 import pytest
 import yaml
-from _shell_helpers import keep_torch_threads, tiny_heisenberg  # noqa: F401
+from helpers import tiny_heisenberg
 
 from vitqs.cli import main
 from vitqs.config import ConfigError

@@ -3,9 +3,8 @@ refused with exit code 2, one line on stderr naming the key, and no results file
 
 import h5py
 import pytest
-from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+from helpers import (
     assert_one_line_error,
-    keep_torch_threads,
     last_json,
     run_files,
     run_main,

@@ -5,8 +5,7 @@ import dataclasses
 
 import pytest
 import yaml
-from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
-    keep_torch_threads,
+from helpers import (
     run_main,
     tiny_heisenberg,
     write_config,
@@ -16,7 +15,8 @@ from hypothesis import strategies as st
 
 from vitqs import config as cfg
 from vitqs.build import build_hamiltonian, build_network, build_sampler
-from vitqs.config import ConfigError, apply_overrides, from_dict, load
+from vitqs.config import ConfigError, from_dict, load
+from vitqs.yamlfile import apply_overrides
 
 
 def _dotted_keys() -> set[str]:

@@ -21,13 +21,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+from helpers import (
     assert_one_line_error,
-    keep_torch_threads,
     run_main,
     tiny_bose_hubbard,
     tiny_heisenberg,
-    write_config,
 )
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st

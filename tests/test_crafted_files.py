@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+from helpers import (
     assert_one_line_error,
-    keep_torch_threads,
     run_main,
     tiny_heisenberg,
     write_config,

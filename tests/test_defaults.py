@@ -23,6 +23,7 @@ from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.driver import VMC
 from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 from vitqs.vmc.sr import natural_gradient
+from vitqs.yamlfile import parse_yaml
 
 MINIMAL_YAML = """
 lattice: {shape: [4]}
@@ -44,7 +45,7 @@ def _defaults(section) -> dict:
 
 
 def test_sections_made_in_python_equal_the_sections_read_from_yaml():
-    from_yaml = cfg.from_dict(cfg.parse_yaml(MINIMAL_YAML))
+    from_yaml = cfg.from_dict(parse_yaml(MINIMAL_YAML))
     in_python = cfg.Config(lattice=cfg.LatticeConfig(shape=[4]), hamiltonian=cfg.HeisenbergConfig())
     assert from_yaml == in_python
     for name in ("model", "sampler", "optimizer", "exact", "final", "output", "distributed"):
@@ -113,6 +114,6 @@ def test_a_loop_made_in_python_optimizes_with_the_yaml_s_optimizer():
     hamiltonian = Heisenberg(Lattice((4,)))
     model = ViT((4,), layers=1)
     vmc = VMC(hamiltonian, model, MetropolisSampler(hamiltonian))
-    assert vmc.optimizer == cfg.from_dict(cfg.parse_yaml(MINIMAL_YAML)).optimizer
+    assert vmc.optimizer == cfg.from_dict(parse_yaml(MINIMAL_YAML)).optimizer
     assert vmc.lr(0) == cfg.OptimizerConfig.lr
     assert vmc.diag_shift(0) == cfg.OptimizerConfig.diag_shift

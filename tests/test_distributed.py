@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 from _distributed_worker import dataset, estimates, share
-from _shell_helpers import (
+from helpers import (
     assert_one_line_error,
     last_json,
     run_main,

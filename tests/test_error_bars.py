@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from _vmc_helpers import ComplexRBM, single_thread  # noqa: F401 (a fixture, used by name)
+from helpers import ComplexRBM
 
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg

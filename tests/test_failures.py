@@ -20,9 +20,8 @@ import time
 import h5py
 import pytest
 import torch
-from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+from helpers import (
     assert_one_line_error,
-    keep_torch_threads,
     last_json,
     run_main,
     tiny_heisenberg,

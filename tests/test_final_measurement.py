@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 import yaml
-from _shell_helpers import tiny_heisenberg
-from _vmc_helpers import LookupTable
+from helpers import LookupTable, tiny_heisenberg
 
 from vitqs import results
 from vitqs.cli import main

@@ -2,13 +2,7 @@
 
 import numpy as np
 import pytest
-from _vmc_helpers import (  # single_thread: a fixture, used by name
-    ComplexRBM,
-    LookupTable,
-    exact_ground_state,
-    model_vector,
-    single_thread,  # noqa: F401
-)
+from helpers import ComplexRBM, LookupTable, exact_ground_state, model_vector
 
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.observables import (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _shell_helpers import last_json, run_main, write_config
+from helpers import last_json, run_main, write_config
 
 from vitqs import results
 

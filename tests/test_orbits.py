@@ -5,8 +5,7 @@ natural gradient, a whole run)."""
 import numpy as np
 import pytest
 import torch
-from _shell_helpers import keep_torch_threads, tiny_bose_hubbard, tiny_heisenberg  # noqa: F401
-from _vmc_helpers import ComplexRBM
+from helpers import ComplexRBM, tiny_bose_hubbard, tiny_heisenberg
 
 from vitqs import results
 from vitqs.config import ModelConfig, from_dict

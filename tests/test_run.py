@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+from helpers import (
     assert_one_line_error,
-    keep_torch_threads,
     last_json,
+    model_energy,
+    model_vector,
+    rayleigh_quotient,
     run_main,
     tiny_bose_hubbard,
     tiny_heisenberg,
@@ -355,7 +357,7 @@ def test_late_samples_must_fill_every_chain(tmp_path):
 
 
 @pytest.mark.parametrize("symmetrize", ["translations", "space_group"])
-def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetrize):
+def test_final_energy_of_the_average_is_itsmodel_energy(tmp_path, symmetrize):
     # full sum: the final energy must be exactly <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained ViT
     # averaged over all 8 translations (and the 8 reflections), rebuilt here from the
     # checkpoint, independently of the cosets the code averages over
@@ -379,11 +381,8 @@ def test_final_energy_of_the_average_is_its_rayleigh_quotient(tmp_path, symmetri
     lattice = Lattice((8,), pbc=True)
     group = lattice.translations if symmetrize == "translations" else lattice.space_group()
     assert len(group) == (8 if symmetrize == "translations" else 16)
-    averaged = Symmetrized(model, group)
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(averaged(x)).numpy()
-    energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    psi = model_vector(Symmetrized(model, group), hamiltonian.hilbert)
+    energy = rayleigh_quotient(hamiltonian, psi)
     assert summary["energy"] == pytest.approx(energy, rel=1e-10)
     assert summary["energy"] >= summary["exact_energy"] - 1e-10
     # and the observables are those of the same vector (the run sums over its amplitudes)
@@ -411,10 +410,7 @@ def test_final_state_is_the_mean_of_the_late_iterates(tmp_path):
     model = build_network(config, hamiltonian)
     set_parameter_vector(model, mean)
     torch.testing.assert_close(model.state_dict(), state["model"], rtol=0, atol=0)
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(model(x)).numpy()
-    energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    energy = model_energy(model, hamiltonian)
     assert summary["energy"] == pytest.approx(energy, rel=1e-10)
 
 
@@ -438,10 +434,7 @@ def test_a_run_on_samples_of_a_lower_power_measures_the_final_energy_on_psi_squa
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
     model.load_state_dict(results.load_checkpoint(record)["model"])
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(model(x)).numpy()
-    energy = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    energy = model_energy(model, hamiltonian)
     assert abs(summary["energy"] - energy) < 4.5 * summary["energy_error"]
 
 
@@ -467,10 +460,7 @@ def test_annealed_run_starts_on_the_first_hamiltonian_and_ends_on_the_config_s(t
 
     target = build_hamiltonian(config)
     start = BoseHubbard(target.lattice, J=1.0, U=1.0, n_particles=4)
-    x = torch.as_tensor(target.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(initial(x)).numpy()
-    energy = np.vdot(psi, start.to_dense() @ psi).real / np.vdot(psi, psi).real
+    energy = rayleigh_quotient(start, model_vector(initial, target.hilbert))
     assert record.history[0]["energy"] == pytest.approx(energy, rel=1e-10)
     assert summary["energy"] >= summary["exact_energy"] - 1e-10
 
@@ -562,13 +552,6 @@ def test_the_history_records_which_steps_the_trust_bound_shortened(tmp_path):
     assert [row["update_capped"] for row in record.history] == [0.0] * 40
 
 
-def _rayleigh_quotient(model, hamiltonian) -> float:
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(model(x)).numpy()
-    return np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
-
-
 def test_init_from_starts_from_the_earlier_run_s_final_state_averaged_or_not(tmp_path):
     # full sum: the first step's energy is that of the state the run starts from. A bare
     # run's final network, averaged over translations by the next run, must give the
@@ -598,9 +581,9 @@ def test_init_from_starts_from_the_earlier_run_s_final_state_averaged_or_not(tmp
         summary = run_config(from_dict(data), progress=False)
         first = results.read_results(summary["results_file"]).history[0]["energy"]
         if model is None:  # random parameters: far from the trained state
-            assert first > _rayleigh_quotient(network, hamiltonian) + 0.1
+            assert first > model_energy(network, hamiltonian) + 0.1
         else:
-            assert first == pytest.approx(_rayleigh_quotient(model, hamiltonian), rel=1e-10)
+            assert first == pytest.approx(model_energy(model, hamiltonian), rel=1e-10)
 
 
 def test_init_from_starts_the_chains_from_the_earlier_run_s_chains(tmp_path):
@@ -665,8 +648,8 @@ def test_final_spin_flip_measures_the_projected_average(tmp_path):
     )
     translations = Lattice((8,), pbc=True).translations
     projected = Symmetrized(network, translations, spin_flip=1)
-    assert summary["energy"] == pytest.approx(_rayleigh_quotient(projected, hamiltonian), rel=1e-10)
-    averaged_only = _rayleigh_quotient(Symmetrized(network, translations), hamiltonian)
+    assert summary["energy"] == pytest.approx(model_energy(projected, hamiltonian), rel=1e-10)
+    averaged_only = model_energy(Symmetrized(network, translations), hamiltonian)
     assert abs(summary["energy"] - averaged_only) > 1e-8  # the projection changed the state
 
 

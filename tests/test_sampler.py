@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from _vmc_helpers import ComplexRBM, model_vector, single_thread  # noqa: F401
+from helpers import ComplexRBM, model_vector
 from scipy.stats import chisquare
 
 from vitqs.physics.lattice import Lattice

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from _vmc_helpers import ComplexRBM
+from helpers import ComplexRBM
 
 from vitqs.models import ViT
 from vitqs.models.symmetrize import Symmetrized

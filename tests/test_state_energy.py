@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _shell_helpers import keep_torch_threads, tiny_heisenberg  # noqa: F401
+from helpers import model_energy, tiny_heisenberg
 
 from vitqs import results
 from vitqs.build import build_hamiltonian, build_network
@@ -20,11 +20,7 @@ from vitqs.run import run_config
 
 def _dense_energy(model, hamiltonian, group) -> float:
     """Returns <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of ``model`` averaged over every permutation in ``group``."""
-    averaged = Symmetrized(model, group)
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(averaged(x)).numpy()
-    return np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    return model_energy(Symmetrized(model, group), hamiltonian)
 
 
 @pytest.mark.parametrize("symmetrize", ["translations", "space_group"])
@@ -65,10 +61,7 @@ def test_an_averaged_run_also_reports_its_last_iterate(tmp_path):
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
     set_parameter_vector(model, theta_last)
-    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    with torch.no_grad():
-        psi = torch.exp(model(x)).numpy()
-    dense = np.vdot(psi, hamiltonian.to_dense() @ psi).real / np.vdot(psi, psi).real
+    dense = model_energy(model, hamiltonian)
     exact = record.exact["energy"]
     assert row["last_iterate_relative_error"] == pytest.approx(
         (dense - exact) / abs(exact), rel=1e-9
@@ -116,7 +109,7 @@ def test_distance_by_probability_lies_where_the_state_differs():
 
 def test_by_probability_of_a_run_against_dense_ed(tmp_path, capsys):
     import state_energy as script  # scripts/state_energy.py: the command line
-    from _shell_helpers import tiny_bose_hubbard
+    from helpers import tiny_bose_hubbard
 
     data = tiny_bose_hubbard(tmp_path / "out", lattice={"shape": [6], "pbc": True})
     data["hamiltonian"].update(n_particles=6, U=6.0)

@@ -9,9 +9,8 @@ import time
 import pytest
 import torch
 import yaml
-from _shell_helpers import (  # noqa: F401  (keep_torch_threads: an autouse fixture)
+from helpers import (
     assert_one_line_error,
-    keep_torch_threads,
     last_json,
     run_files,
     run_main,

@@ -5,8 +5,7 @@ from statistics import median as statistics_median
 
 import pytest
 import torch
-from _shell_helpers import tiny_bose_hubbard, tiny_heisenberg
-from _vmc_helpers import ComplexRBM, exact_ground_state, single_thread  # noqa: F401
+from helpers import ComplexRBM, exact_ground_state, tiny_bose_hubbard, tiny_heisenberg
 
 from vitqs.build import build_vmc
 from vitqs.config import OptimizerConfig, from_dict

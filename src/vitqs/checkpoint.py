@@ -18,9 +18,10 @@ import torch
 import yaml
 
 from vitqs import results
-from vitqs.config import Config, ConfigError, keys_with, parse_yaml
+from vitqs.config import Config, ConfigError, keys_with
 from vitqs.errors import first_line
 from vitqs.models import load_network_state
+from vitqs.yamlfile import parse_yaml
 
 
 def start_from_results(config: Config, model, sampler) -> None:

@@ -15,15 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import yaml
-
-from vitqs.errors import ConfigError
+from vitqs.errors import ConfigError, describe
+from vitqs.yamlfile import apply_overrides, read_yaml
 
 # ---- value checkers: each takes (key, value) and returns the value, converted -------------
-
-
-def _describe(value) -> str:
-    return f"{value!r} ({type(value).__name__})"
 
 
 def _is_int(value) -> bool:
@@ -38,7 +33,7 @@ MAX_INTEGER = 2**53
 def integer(minimum=None, maximum=MAX_INTEGER):
     def check(key, value):
         if not _is_int(value):
-            raise ConfigError(f"{key}={_describe(value)} must be an integer")
+            raise ConfigError(f"{key}={describe(value)} must be an integer")
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             raise ConfigError(f"{key}={value} must be {_range_text(minimum, maximum)}")
         return value
@@ -52,9 +47,9 @@ def real(minimum=None, maximum=None, positive=False):
             try:
                 value = float(value)
             except ValueError:
-                raise ConfigError(f"{key}={_describe(value)} must be a number") from None
+                raise ConfigError(f"{key}={describe(value)} must be a number") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}={_describe(value)} must be a number")
+            raise ConfigError(f"{key}={describe(value)} must be a number")
         try:
             value = float(value)
         except OverflowError:  # an integer literal beyond the float range
@@ -73,7 +68,7 @@ def real(minimum=None, maximum=None, positive=False):
 def boolean():
     def check(key, value):
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}={_describe(value)} must be true or false")
+            raise ConfigError(f"{key}={describe(value)} must be true or false")
         return value
 
     return check
@@ -93,7 +88,7 @@ def choice(*options):
 def text():
     def check(key, value):
         if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{key}={_describe(value)[:80]} must be a non-empty string")
+            raise ConfigError(f"{key}={describe(value)[:80]} must be a non-empty string")
         if any(unicodedata.category(ch) == "Cc" for ch in value):
             raise ConfigError(
                 f"{key}={value[:60]!r} must not contain control characters (newlines, NUL, ...)"
@@ -153,7 +148,7 @@ def real_mapping(example: str):
     def check(key, value):
         if not isinstance(value, dict) or not value:
             raise ConfigError(
-                f"{key}={_describe(value)} must be a mapping of names to numbers, e.g. {example}"
+                f"{key}={describe(value)} must be a mapping of names to numbers, e.g. {example}"
             )
         return {name: real()(f"{key}.{name}", number) for name, number in value.items()}
 
@@ -174,7 +169,7 @@ def either(*checkers, expected: str):
                 return checker(key, value)
             except ConfigError:
                 continue
-        raise ConfigError(f"{key}={_describe(value)} must be {expected}")
+        raise ConfigError(f"{key}={describe(value)} must be {expected}")
 
     return check
 
@@ -516,7 +511,7 @@ def _build(cls, data, prefix: str):
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{section} must be a mapping of keys to values, got {_describe(data)}")
+        raise ConfigError(f"{section} must be a mapping of keys to values, got {describe(data)}")
     fields = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in fields:
@@ -526,7 +521,7 @@ def _build(cls, data, prefix: str):
 
 def _build_hamiltonian(data):
     if not isinstance(data, dict):
-        raise ConfigError(f"hamiltonian must be a mapping of keys to values, got {_describe(data)}")
+        raise ConfigError(f"hamiltonian must be a mapping of keys to values, got {describe(data)}")
     if "kind" not in data:
         raise ConfigError("hamiltonian.kind is required: heisenberg | bose_hubbard")
     kind = data["kind"]
@@ -543,7 +538,7 @@ def _build_hamiltonian(data):
 def from_dict(data, *, default_name: str | None = None) -> Config:
     """Returns a validated ``Config`` from plain data (a parsed YAML document)."""
     if not isinstance(data, dict):
-        raise ConfigError(f"the config must be a mapping of sections, got {_describe(data)}")
+        raise ConfigError(f"the config must be a mapping of sections, got {describe(data)}")
     top = {f.name for f in dataclasses.fields(Config)}
     for key in data:
         if key not in top:
@@ -761,136 +756,6 @@ def _check_schedules(cfg: OptimizerConfig) -> None:
                 f"optimizer.{name}_schedule=exponential needs optimizer.{name}={initial} and "
                 f"optimizer.{name}_final={final} both > 0"
             )
-
-
-# ---- files and overrides ------------------------------------------------------------------
-
-
-# A config is a few dozen values; aliases that expand past this many are a mistake or an
-# attack ("billion laughs": nine aliases of nine make 10^9 values out of a 1 kB file).
-MAX_YAML_NODES = 100_000
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader (plain data only) that also refuses a key given twice in one
-    mapping: a second ``optimizer:`` section would silently replace the first."""
-
-
-def _construct_mapping(loader, node, deep=False):
-    seen = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' merges, then overrides
-            continue
-        key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-        try:
-            if key in seen:
-                raise ConfigError(
-                    f"key '{key}' appears twice in one mapping (lines {seen[key]} and {line}); "
-                    "keep one"
-                )
-            seen[key] = line
-        except TypeError:  # an unhashable key: the constructor below says so
-            continue
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-
-_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
-
-
-def _expanded_size(node, sizes: dict, open_nodes: set) -> int:
-    """Returns the number of values ``node`` stands for once its aliases are expanded (an
-    alias is the anchored node itself in PyYAML's graph: memoized, this is linear)."""
-    key = id(node)
-    if key in sizes:
-        return sizes[key]
-    if key in open_nodes:
-        raise ConfigError("a YAML alias refers to a node that contains it; configs are trees")
-    open_nodes.add(key)
-    children = []
-    if isinstance(node, yaml.SequenceNode):
-        children = node.value
-    elif isinstance(node, yaml.MappingNode):
-        children = [part for pair in node.value for part in pair]
-    total = 1
-    for child in children:
-        total += _expanded_size(child, sizes, open_nodes)
-        if total > MAX_YAML_NODES:
-            break
-    open_nodes.discard(key)
-    sizes[key] = total
-    return total
-
-
-def parse_yaml(source: str):
-    """Returns the plain data of one YAML document: safe tags only, no key twice in a mapping,
-    at most ``MAX_YAML_NODES`` values once aliases are expanded. Raises ConfigError for the
-    last two and yaml.YAMLError for malformed text."""
-    loader = _StrictLoader(source)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, {}, set()) > MAX_YAML_NODES:
-            raise ConfigError(
-                f"the YAML expands to more than {MAX_YAML_NODES:,} values through its aliases"
-            )
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def read_yaml(path: str | Path):
-    """Returns the parsed YAML document at ``path``; ConfigError when missing or malformed."""
-    path = Path(path)
-    try:
-        source = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file '{path}' does not exist") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file '{path}' cannot be read: {err}") from None
-    try:
-        return parse_yaml(source)
-    except ConfigError as err:
-        raise ConfigError(f"config file '{path}': {err}") from None
-    except yaml.YAMLError as err:
-        where = getattr(err, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"config file '{path}' is not valid YAML{at}: {problem}") from None
-    except RecursionError:
-        raise ConfigError(f"config file '{path}' nests deeper than a config can") from None
-
-
-def set_dotted(data: dict, key: str, value) -> None:
-    """Sets ``data[a][b][c] = value`` for ``key = "a.b.c"``, creating empty sections."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"the config must be a mapping of sections, got {_describe(data)}")
-    node, parts = data, key.strip().split(".")
-    for depth, part in enumerate(parts[:-1]):
-        if node.get(part) is None:  # an empty section in YAML reads as None
-            node[part] = {}
-        node = node[part]
-        if not isinstance(node, dict):
-            path = ".".join(parts[: depth + 1])
-            raise ConfigError(f"--set {key}: '{path}' is not a section")
-    node[parts[-1]] = value
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Returns a copy of ``data`` with ``key.path=value`` overrides set (values parsed as YAML)."""
-    data = copy.deepcopy(data) if isinstance(data, dict) else data
-    for item in overrides or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r} must look like key.path=value")
-        try:
-            value = parse_yaml(raw)
-        except ConfigError as err:
-            raise ConfigError(f"--set {item!r}: {err}") from None
-        except yaml.YAMLError:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML") from None
-        set_dotted(data, key, value)
-    return data
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:

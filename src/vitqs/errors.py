@@ -19,3 +19,8 @@ def first_line(err: BaseException, limit: int = 300) -> str:
         if line.strip():
             return line.strip()[:limit]
     return type(err).__name__
+
+
+def describe(value) -> str:
+    """Returns ``value`` as a message shows a wrong one: its repr and its type."""
+    return f"{value!r} ({type(value).__name__})"

@@ -26,15 +26,13 @@ from vitqs.config import (
     ConfigError,
     from_dict,
     keys_with,
-    parse_yaml,
     plain_file_name_problem,
-    read_yaml,
-    set_dotted,
 )
 from vitqs.distributed import is_root
 from vitqs.plots import plot_sweep
 from vitqs.report import markdown_table
 from vitqs.run import run_config
+from vitqs.yamlfile import parse_yaml, read_yaml, set_dotted
 
 _SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
 

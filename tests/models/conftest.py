@@ -1,4 +1,4 @@
-"""Fixtures shared by the model tests; helpers live in ``helpers.py``."""
+"""Fixtures of the model tests: one thread and a fixed seed for each."""
 
 from __future__ import annotations
 
@@ -7,11 +7,6 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_one_thread():
-    # One intra-op thread: the models here are tiny, and on a busy 2-core machine each
-    # OpenMP region (LayerNorm opens one at any size) waits ~10 ms for a second thread.
-    n_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _seed_and_one_thread(single_thread):
+    # the models here are tiny: one intra-op thread (see single_thread)
     torch.manual_seed(1234)
-    yield
-    torch.set_num_threads(n_threads)

@@ -5,12 +5,11 @@ import math
 
 import pytest
 import torch
+from helpers import CHAIN, SQUARE, model_config, random_bosons, random_spins
 
 from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT, build_model
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.lattice import Lattice
-
-from .helpers import CHAIN, SQUARE, model_config, random_bosons, random_spins
 
 SPINS = SpinHalf(SQUARE.n_sites, 0)
 BOSONS = Bosons(SQUARE.n_sites, SQUARE.n_sites, 2)

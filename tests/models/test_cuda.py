@@ -2,11 +2,10 @@
 
 import pytest
 import torch
+from helpers import SQUARE, model_config, random_spins
 
 from vitqs.models import build_model
 from vitqs.physics.hilbert import SpinHalf
-
-from .helpers import SQUARE, model_config, random_spins
 
 pytestmark = [
     pytest.mark.cuda,

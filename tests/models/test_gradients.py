@@ -11,11 +11,10 @@ import math
 
 import pytest
 import torch
+from helpers import random_bosons, random_spins
 
 from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT
 from vitqs.physics.lattice import Lattice
-
-from .helpers import random_bosons, random_spins
 
 CHAIN = Lattice((4,))
 SQUARE = Lattice((2, 2))

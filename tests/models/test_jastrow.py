@@ -5,11 +5,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers import random_bosons, random_spins
 
 from vitqs.models import Jastrow
 from vitqs.physics.lattice import Lattice
-
-from .helpers import random_bosons, random_spins
 
 
 def _n_classes(shape, pbc):

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+from helpers import CHAIN, model_config, random_spins
 
 from vitqs.models import build_model
 from vitqs.models.precision import NetworkCopy
 from vitqs.physics.hilbert import SpinHalf
-
-from .helpers import CHAIN, model_config, random_spins
 
 
 def _vit():

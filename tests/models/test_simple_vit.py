@@ -2,10 +2,9 @@
 
 import pytest
 import torch
+from helpers import CHAIN, SQUARE, random_spins
 
 from vitqs.models import SimpleViT
-
-from .helpers import CHAIN, SQUARE, random_spins
 
 
 @pytest.mark.parametrize("lattice", [CHAIN, SQUARE], ids=["chain", "square"])

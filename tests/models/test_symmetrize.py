@@ -5,11 +5,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import random_spins
 
 from vitqs.models import Jastrow, Symmetrized, ViT, complex_logsumexp, symmetrize_translations
 from vitqs.physics.lattice import Lattice
-
-from .helpers import random_spins
 
 
 def _same_phase(a, b, atol=1e-12):

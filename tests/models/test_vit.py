@@ -5,13 +5,12 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from helpers import CHAIN, SQUARE, random_bosons, random_spins
 
 from vitqs.models import ViT
 from vitqs.models.patching import PatchGrid
 from vitqs.models.vit import HEAD_INIT_STD
 from vitqs.physics.lattice import Lattice
-
-from .helpers import CHAIN, SQUARE, random_bosons, random_spins
 
 OPTIONS = list(itertools.product(["factored", "full"], [True, False], ["linear", "onehot"]))
 

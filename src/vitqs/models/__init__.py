@@ -1,4 +1,13 @@
-"""Neural-network wave functions: ``x (B, n_sites) → complex log ψ(x) (B,)``, real parameters."""
+"""Neural-network wave functions: ``x (B, n_sites) → complex log ψ(x) (B,)``, real parameters.
+
+`vit` (the Vision Transformer: patches, attention blocks, a log-cosh head), `simple_vit`,
+`jastrow`, `attention`, `patching`, `symmetrize` (averages over lattice symmetries and spin
+inversion) and `build` (`build_model` from the ``model`` section).
+
+May import: torch, einops, numpy, and from vitqs only the base (`config` for the option
+vocabulary and defaults). Lattices come in as plain objects with ``shape``, ``pbc`` and
+translation tables; nothing of `physics`, `vmc` or the shell is imported.
+"""
 
 from vitqs.models.build import build_model
 from vitqs.models.jastrow import Jastrow
