@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import partial
 
@@ -102,9 +103,11 @@ def _model_device_dtype(model) -> tuple[torch.device, torch.dtype]:
     return param.device, param.dtype
 
 
-class Sampler:
+class Sampler(ABC):
     """What the VMC loop, the final measurement and the checkpoints ask of a sampler: the one
     interface of Monte Carlo chains (`MetropolisSampler`) and exact sums (`ExactSampler`).
+    A subclass draws (`sample`) and measures (`local_energy`); the rest has the behaviour of
+    a sampler without chains unless a subclass says otherwise.
 
     Attributes:
         hilbert: the sector sampled.
@@ -118,27 +121,29 @@ class Sampler:
 
     exact: bool = False
 
+    @abstractmethod
     def sample(self, model, n_discard: int | None = None) -> Samples:
         """Returns one batch of `Samples` of ``|ψ|²`` (or of ``|ψ|^machine_pow``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def local_energy(self, hamiltonian, network, samples: Samples, chunk_size=None):
         """Returns the local energies ``(n_chains, n_per_chain)`` of ``samples``; ``network``
         evaluates ψ at the connected configurations (the model, or its float32 copy)."""
-        raise NotImplementedError
 
     def set_n_samples(self, n_samples: int) -> None:
-        """Sets the samples per call from now on (``sampler.n_samples_late``)."""
-        raise NotImplementedError
+        """Sets the samples per call from now on (``sampler.n_samples_late``); a sampler
+        whose every call covers the same states keeps them."""
+        return None
 
     def start_chains(self, chains) -> None:
-        """Starts the chains from these configurations ``(n, n_sites)`` (``model.init_from``)."""
-        raise NotImplementedError
+        """Starts the chains from these configurations ``(n, n_sites)`` (``model.init_from``);
+        nothing for a sampler without chains."""
+        return None
 
     def measuring(self) -> Sampler:
         """Returns the sampler of the final measurement: of ``|ψ|²`` itself, over every state
         of the sector (site-resolved observables are not invariant under the symmetries)."""
-        raise NotImplementedError
+        return self
 
     def amplitudes(self, samples: Samples) -> np.ndarray | None:
         """Returns ψ over the whole sector in ``all_states`` order, complex128 and scaled to
@@ -187,7 +192,8 @@ class Sampler:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores `state_dict` (applied at the next call)."""
+        """Restores `state_dict` (applied at the next call); nothing where it keeps nothing."""
+        return None
 
 
 class MetropolisSampler(Sampler):
@@ -602,12 +608,6 @@ class ExactSampler(Sampler):
 
     def discard_before(self, n_samples: int, n_discard: int | None = None) -> int:
         return 0  # no chain to thermalise
-
-    def set_n_samples(self, n_samples: int) -> None:
-        pass  # every call sums the whole sector
-
-    def start_chains(self, chains) -> None:
-        pass  # no chains
 
     def measuring(self) -> ExactSampler:
         return self.unreduced()
