@@ -9,8 +9,10 @@ from helpers import CHAIN, SQUARE, random_bosons, random_spins
 
 from vitqs.models import ViT
 from vitqs.models.patching import PatchGrid
+from vitqs.models.precision import NetworkCopy
 from vitqs.models.vit import HEAD_INIT_STD
 from vitqs.physics.lattice import Lattice
+from vitqs.vmc.sr import parameter_vector, set_parameter_vector
 
 OPTIONS = list(itertools.product(["factored", "full"], [True, False], ["linear", "onehot"]))
 
@@ -193,3 +195,30 @@ def test_factored_attention_as_one_matrix_equals_its_factored_form(lattice, tran
         log_psi_fused, model(random_spins(64, lattice.n_sites)).detach(), rtol=0, atol=1e-12
     )
     assert attention.kernel().shape == (n_patches * 16, n_patches * 16)
+
+
+@pytest.mark.parametrize("lattice", [Lattice((12,)), Lattice((4, 4))], ids=["chain", "square"])
+def test_fused_attention_follows_every_parameter_update(lattice):
+    """The fused matrix is kept between forward passes without gradients (`DerivedCache`):
+    a parameter update, a `load_state_dict` and a float32 copy refreshed from the model must
+    each be seen by the next forward pass, which then equals the factored form."""
+    model = ViT(lattice.shape, 2, 16, 4, 2)
+    x = random_spins(32, lattice.n_sites)
+    copy32 = NetworkCopy(torch.float32)
+    theta = parameter_vector(model)
+    generator = torch.Generator().manual_seed(1)
+    moved = theta + 0.1 * torch.randn(theta.shape, dtype=theta.dtype, generator=generator)
+    with torch.no_grad():
+        before = model(x)
+        copy32(model)(x)  # both caches filled
+        set_parameter_vector(model, moved)
+        after_step, after_step32 = model(x), copy32(model)(x)
+    expected = model(x).detach()  # gradients on: the factored form, never cached
+    assert (before - expected).abs().min() > 1e-3  # the update moved every log ψ
+    torch.testing.assert_close(after_step, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(after_step32.to(expected.dtype), expected, rtol=0, atol=1e-4)
+    other = ViT(lattice.shape, 2, 16, 4, 2)
+    with torch.no_grad():
+        model.load_state_dict(other.state_dict())
+        after_load = model(x)
+    torch.testing.assert_close(after_load, other(x).detach(), rtol=0, atol=1e-12)

@@ -2,7 +2,9 @@
 
 `vit` (the Vision Transformer: patches, attention blocks, a log-cosh head), `simple_vit`,
 `jastrow`, `attention`, `patching`, `symmetrize` (averages over lattice symmetries and spin
-inversion) and `build` (`build_model` from the ``model`` section).
+inversion), `precision` (a network's float32 copy), `cache` (tensors derived from parameters,
+kept between forward passes without gradients) and `build` (`build_model` from the ``model``
+section).
 
 May import: torch, einops, numpy, and from vitqs only the base (`config` for the option
 vocabulary and defaults). Lattices come in as plain objects with ``shape``, ``pbc`` and

@@ -15,6 +15,7 @@ import torch
 from einops import einsum, rearrange
 from torch import nn
 
+from vitqs.models.cache import DerivedCache
 from vitqs.models.patching import PatchGrid
 
 # The factored layer is linear in its input. Below this width n_patches · d_model, one product
@@ -70,6 +71,7 @@ class FactoredAttention(nn.Module):
         else:
             self.relative = None
             self.alpha = nn.Parameter(scale * torch.randn(heads, n_patches, n_patches))
+        self._fused = DerivedCache()  # (kernel, bias) of the fused form, between updates
 
     def attention_weights(self) -> torch.Tensor:
         """Returns ``α`` ``(heads, n_patches, n_patches)``; row ``i`` weighs the patches ``j``."""
@@ -86,19 +88,21 @@ class FactoredAttention(nn.Module):
         n_patches = kernel.shape[0]
         return kernel.reshape(n_patches * d_model, n_patches * d_model)
 
+    def _fused_form(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``Kᵀ`` and the bias ``b_O`` repeated over patches, for ``out = x Kᵀ + b``."""
+        n_patches = self.attention_weights().shape[-1]
+        return self.kernel().T.contiguous(), self.to_out.bias.repeat(n_patches)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, n_patches, d_model = x.shape
         if n_patches * d_model <= FUSED_MAX_WIDTH and not torch.is_grad_enabled():
-            bias = self.to_out.bias.repeat(n_patches)
-            out = torch.addmm(bias, x.reshape(batch, -1), self.kernel().T)
+            sources = (*self.parameters(),)
+            kernel_t, bias = self._fused.get(sources, self._fused_form)
+            out = torch.addmm(bias, x.reshape(batch, -1), kernel_t)
             return out.view(batch, n_patches, d_model)
-        value = rearrange(
-            self.to_value(x), "batch j (heads dh) -> batch heads j dh", heads=self.heads
-        )
-        out = einsum(
-            self.attention_weights(), value, "heads i j, batch heads j dh -> batch heads i dh"
-        )
-        return self.to_out(rearrange(out, "batch heads i dh -> batch i (heads dh)"))
+        value = self.to_value(x).view(batch, n_patches, self.heads, d_model // self.heads)
+        out = torch.einsum("hij,bjhk->bihk", self.attention_weights(), value)
+        return self.to_out(out.reshape(batch, n_patches, d_model))
 
 
 class FullAttention(nn.Module):

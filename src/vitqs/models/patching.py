@@ -9,7 +9,6 @@ being ``px + Px * py``, and the sites inside a patch are listed row-major as wel
 from __future__ import annotations
 
 import numpy as np
-from einops import rearrange
 
 from vitqs.models._checks import check_positive_int
 
@@ -62,8 +61,11 @@ class PatchGrid:
 
     def split(self, x):
         """Returns patches ``(batch, n_patches, patch_len)`` of ``x`` ``(batch, n_sites)``."""
-        (bx, by), (px, _) = self.patch_extent, self.grid_extent
-        return rearrange(x, "batch (py by px bx) -> batch (py px) (by bx)", by=by, px=px, bx=bx)
+        (bx, by), (px, py) = self.patch_extent, self.grid_extent
+        if by == 1:  # a chain, or patches one row high: consecutive sites, a view
+            return x.reshape(x.shape[0], px * py, bx)
+        blocks = x.reshape(x.shape[0], py, by, px, bx).transpose(2, 3)  # (batch, py, px, by, bx)
+        return blocks.reshape(x.shape[0], py * px, by * bx)
 
     def patch_coords(self) -> np.ndarray:
         """Returns the coordinates ``(n_patches, 2)`` of each patch on the patch lattice."""
