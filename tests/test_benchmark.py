@@ -54,7 +54,7 @@ def test_bench_speed_prints_the_phase_table(tmp_path, capsys):
     # auto picks the kernel solve: X has at most 2 x 64 rows against ~900 parameters
     assert result["n_params"] > 2 * 64 and result["method_used"] == "minsr"
     assert not (tmp_path / "out").exists()  # a benchmark writes no results file
-    assert "cpu float64 threads" in out
+    assert "cpu float64 (chains float32) threads" in out  # the default chains
 
 
 def test_bench_speed_names_the_precision_of_chains_and_local_energies(tmp_path, capsys):
@@ -62,9 +62,9 @@ def test_bench_speed_names_the_precision_of_chains_and_local_energies(tmp_path, 
     path = write_config(tmp_path / "tiny.yaml", data)
     code, out, err = run_main(capsys, "bench", "speed", path, "--n-iter", "1", "--json")
     assert code == 0, err
-    assert "cpu float64 (E_loc float32) threads" in out
+    assert "cpu float64 (chains float32, E_loc float32) threads" in out
     result = last_json(out)
-    assert (result["chain_dtype"], result["local_energy_dtype"]) == ("float64", "float32")
+    assert (result["chain_dtype"], result["local_energy_dtype"]) == ("float32", "float32")
 
 
 def test_bench_speed_refuses_zero_iterations(tmp_path, capsys):

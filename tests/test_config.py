@@ -136,8 +136,8 @@ BAD = {
     ),
     "sampler_dtype": (lambda d: d["sampler"].update(dtype="float16"), "sampler.dtype"),
     "sampler_dtype_full_sum": (
-        lambda d: d["sampler"].update(dtype="float32", kind="full_sum"),
-        "sampler.dtype=float32 needs sampler.kind=metropolis",
+        lambda d: d["sampler"].update(dtype="float64", kind="full_sum"),
+        "sampler.dtype=float64 needs sampler.kind=metropolis",
     ),
     "local_energy_dtype": (
         lambda d: d["sampler"].update(local_energy_dtype="bfloat16"),

@@ -77,8 +77,9 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         "method_used": steps[-1][2],  # the solve the step ran (auto resolved)
         "device": str(device),
         "dtype": config.dtype,
-        "chain_dtype": config.sampler.dtype or config.dtype,
-        "local_energy_dtype": config.sampler.local_energy_dtype or config.dtype,
+        # a full sum has no chains and no network copies: everything in the model's dtype
+        "chain_dtype": _copy_dtype(config, config.sampler.dtype),
+        "local_energy_dtype": _copy_dtype(config, config.sampler.local_energy_dtype),
         "threads": torch.get_num_threads(),
         "n_iter": n_iter,
         "n_warmup": n_warmup,
@@ -114,6 +115,11 @@ def machine() -> str:
         f"{cpu}{gpu}; torch {torch.__version__}, {torch.get_num_threads()} torch thread(s), "
         f"Python {platform.python_version()}"
     )
+
+
+def _copy_dtype(config: Config, dtype: str | None) -> str:
+    """Returns the dtype a network copy of the sampler runs in (null: the model's)."""
+    return (dtype if config.sampler.kind == "metropolis" else None) or config.dtype
 
 
 def _precision(result: dict) -> str:
