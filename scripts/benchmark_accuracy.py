@@ -14,7 +14,8 @@ summed over the whole sector (``vitqs.report.state_energy``: no noise, never bel
 ``--ablation`` runs the model variants of the Bose-Hubbard ablation instead.
 ``--from-results FILE`` reads one system's row from a run made elsewhere (the GPU-scale
 ``j1j2_6x6``, run with ``vitqs run`` where a GPU is); a system without ED is measured against
-the published energy in ``REFERENCES``, and the table says so.
+its reference past ED (`vitqs.physics.reference`: Bethe ansatz or published), and the table
+says which.
 
 Only the blocks between ``<!-- begin NAME -->`` and ``<!-- end NAME -->`` markers in
 ``accuracy.md`` are rewritten: the prose around them is kept.
@@ -76,10 +77,6 @@ ABLATION = {
 # rows come from a run made elsewhere, read back with --from-results.
 GPU_SYSTEMS = ("j1j2_6x6",)
 ORDER = (*SYSTEMS, *GPU_SYSTEMS)  # the rows of the table, top to bottom
-# Published energies per site for the systems our ED cannot reach: (E/N, source).
-REFERENCES = {
-    "j1j2_6x6": (-0.503810, "ED, Schulz, Ziman & Poilblanc 1996"),
-}
 MAX_DIM = 2_000_000  # the largest sector whose trained states are enumerated
 # The issue's goals on the relative error, judged on the Monte Carlo estimate (`goal_met`).
 GOALS = {
@@ -163,6 +160,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
 
     from vitqs.build import build_hamiltonian
     from vitqs.config import from_dict
+    from vitqs.physics.reference import EXACT_DIAGONALIZATION, reference_energy
     from vitqs.results import read_results, relative_error
     from vitqs.run import summary as run_summary
 
@@ -175,7 +173,10 @@ def row_from_results(system: str, results_file: Path) -> dict:
         energy = f["history/energy"][:]
         seconds = np.cumsum(f["history/seconds_total"][:])
         summed = int(f["history/n_samples"][-1]) if "history/n_samples" in f else None
-    exact = summary["exact_energy"]
+    # ED's energy; past ED, the reference of `vitqs.physics.reference` (Bethe ansatz,
+    # published), which the row marks as such
+    ed = summary["reference"] == EXACT_DIAGONALIZATION
+    exact = summary["exact_energy"] if ed else None
     model = config.model
     full_sum = config.sampler.kind == "full_sum"
     row = {
@@ -210,12 +211,11 @@ def row_from_results(system: str, results_file: Path) -> dict:
     gpu = record.versions.get("gpu", "none")  # files written before the key: none recorded
     if gpu != "none" and config.device != "cpu":
         row["device"], row["threads"] = gpu, config.threads  # the GPU did the work
-    if exact is None and system in REFERENCES:
-        per_site, source = REFERENCES[system]
-        reference = per_site * config.n_sites
-        row["reference"] = {"energy": reference, "source": source}
-        row["reference_relative_error"] = relative_error(summary["energy"], reference)
-        row["curve_relative_error"] = _relative(energy, reference)
+    found = None if ed else reference_energy(build_hamiltonian(config))
+    if found is not None:
+        row["reference"] = {"energy": found.energy, "source": found.method}
+        row["reference_relative_error"] = relative_error(summary["energy"], found.energy)
+        row["curve_relative_error"] = _relative(energy, found.energy)
     return row
 
 
@@ -393,10 +393,10 @@ def _row_cells(row: dict, label: str) -> list[str]:
     relative = _fmt(row["relative_error"], "+.2e")
     if row["n_sites"] is None:  # netket rows: divide by the vitqs row's site count
         energy, exact = row["_energy_text"], row["_exact_text"]
-    if row.get("reference"):  # no ED: a published energy, and the error against it, marked
+    if row.get("reference"):  # no ED: the reference past it, and the error against it, marked
         reference = row["reference"]
-        exact = f"{reference['energy'] / per_site:.6f} (published: {reference['source']})"
-        relative = f"{row['reference_relative_error']:+.2e} (vs published)"
+        exact = f"{reference['energy'] / per_site:.6f} ({reference['source']})"
+        relative = f"{row['reference_relative_error']:+.2e} (vs {_kind(reference)})"
     return [
         label,
         row["engine"],
@@ -417,7 +417,8 @@ def _row_cells(row: dict, label: str) -> list[str]:
 
 
 def _reference(row: dict) -> float | None:
-    """Returns the energy a row is judged against: ED's, else the published one, else None."""
+    """Returns the energy a row is judged against: ED's, else the reference past ED (Bethe
+    ansatz or published), else None."""
     if row.get("exact_energy") is not None:
         return row["exact_energy"]
     return row["reference"]["energy"] if row.get("reference") else None
@@ -467,7 +468,7 @@ def render_goals(rows: list[dict]) -> str:
         peer = next((p for p in row.get("peers", []) if p["engine"] == "netket"), None)
         ours = _judged(row, goal)
         theirs = _judged(peer, goal) if peer else ("—", "—", "—")
-        against = " (vs published)" if row.get("reference") else ""
+        against = f" (vs {_kind(row['reference'])})" if row.get("reference") else ""
         cells = [
             row["system"] + against,
             f"≤ {goal:.0e}",
@@ -572,7 +573,7 @@ def plot_curves(rows: list[dict], path: Path, title: str) -> None:
                 entry["curve_seconds"], entry["curve_relative_error"], label=entry["engine"]
             )
         panel = row.get("label", row["system"]).split(": ", 1)[-1]
-        panel += " (vs the published energy)" if row.get("reference") else ""
+        panel += f" (vs {_kind(row['reference'])})" if row.get("reference") else ""
         ax.set_title(textwrap.fill(panel, 45), fontsize=8)
         ax.set_xlabel("wall time of the optimisation (s)")
         ax.set_ylabel("|E − E_exact| / |E_exact|")
@@ -756,6 +757,11 @@ def _parse_set(text: str):
     return key, yaml.safe_load(value)
 
 
+def _kind(reference: dict) -> str:
+    """Returns "published" or "Bethe ansatz": what a row's reference past ED is."""
+    return reference["source"].split(":")[0]
+
+
 def _summary_line(label: str, row: dict) -> str:
     peers = " ".join(
         f"| netket rel={_fmt(p['relative_error'], '.2e')} its={p['n_iter']}"
@@ -763,7 +769,7 @@ def _summary_line(label: str, row: dict) -> str:
     )
     relative = _fmt(row["relative_error"], ".2e")
     if row.get("reference"):
-        relative = f"{row['reference_relative_error']:.2e} (vs published)"
+        relative = f"{row['reference_relative_error']:.2e} (vs {_kind(row['reference'])})"
     return f"{label}: rel={relative} its={row['n_iter']} {row['seconds']:.0f}s {peers}"
 
 

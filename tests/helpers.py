@@ -53,7 +53,7 @@ def tiny_bose_hubbard(out_dir, **sections) -> dict:
     data["hamiltonian"] = {"kind": "bose_hubbard", "J": 1.0, "U": 4.0, "n_particles": 4}
     data["lattice"]["shape"] = [4]
     for section, values in sections.items():
-        data[section].update(values)
+        data.setdefault(section, {}).update(values)
     return data
 
 

@@ -53,6 +53,7 @@ def make_record(n_steps: int = 5, *, finished: bool = True, exact: bool = True) 
             "energy_per_site": EXACT_ENERGY / N_SITES,
             "dimension": 70,
             "seconds": 0.01,
+            "reference": "exact diagonalization",
         }
     if finished:
         record.status = "finished"

@@ -130,7 +130,8 @@ def _run_text(summary: dict) -> str:
         f"  variance        {summary['variance']:.4e}   V-score {summary['v_score']:.3e}",
     ]
     if summary["exact_energy"] is not None:
-        lines.append(f"  exact energy    {summary['exact_energy']:.10f}")
+        source = summary.get("reference") or "exact diagonalization"
+        lines.append(f"  exact energy    {summary['exact_energy']:.10f}   ({source})")
     if summary["relative_error"] is not None:  # None when there is no exact energy, or it is 0
         relative = summary["relative_error"]
         lines.append(f"  relative error  {relative:+.3e}   (E − E_exact)/|E_exact|")

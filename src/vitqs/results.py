@@ -53,6 +53,7 @@ import torch
 
 from vitqs import __version__, h5tree
 from vitqs.errors import first_line
+from vitqs.physics.reference import EXACT_DIAGONALIZATION
 
 FORMAT = "vitqs-results"
 FORMAT_VERSION = 2  # 2: the checkpoint is an h5tree; 1: torch.save bytes (read, not written)
@@ -116,9 +117,13 @@ _INT_HISTORY_FIELDS = ("step",)
 # columns added after format 1 was first written: a file without them reads as NaN
 _LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction", "update_capped")
 
-EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds")
+# ``reference``: how the energy was obtained (`physics.reference`: "exact diagonalization",
+# "Bethe ansatz" or "published: <citation>"); files before it hold ED energies only.
+# ``dimension``: the diagonalized sector's size, 0 for a reference that is not a diagonalization
+EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds", "reference")
 # integer attrs cannot fall back to NaN, so they are required when the group is written
 _INT_ATTRS = ("dimension", "n_samples")
+_TEXT_ATTRS = ("reference",)
 
 CONVENTIONS = (
     "S = sigma/2; H_heis = J1 sum_<ij> S_i.S_j + J2 sum_<<ij>> S_i.S_j; "
@@ -448,6 +453,9 @@ def _write_attrs(group: h5py.Group, values: dict, fields: tuple[str, ...]) -> No
         value = values.get(key)
         if key in _INT_ATTRS:
             group.attrs[key] = int(value)
+        elif key in _TEXT_ATTRS:
+            if value is not None:  # absent: what files before the attribute say
+                group.attrs[key] = str(value)
         else:
             group.attrs[key] = math.nan if value is None else float(value)
 
@@ -608,7 +616,12 @@ class _Attrs:
         read = {}
         for key in names:
             if key in self.attrs:
-                read[key] = self.integer(key) if key in _INT_ATTRS else self.number(key)
+                if key in _INT_ATTRS:
+                    read[key] = self.integer(key)
+                elif key in _TEXT_ATTRS:
+                    read[key] = self.text(key)
+                else:
+                    read[key] = self.number(key)
         return read
 
 
@@ -683,10 +696,10 @@ def summary(record: RunRecord) -> dict[str, Any]:
     """Returns the one summary of a record that every table and ``--json`` reads from.
 
     Keys: ``name, status, n_sites, n_params, n_iter`` (steps done), ``energy,
-    energy_error, variance, exact_energy, relative_error, v_score, seconds,
-    seconds_per_iter``. A finished run reports its ``final`` values; an unfinished one its
-    last history row, with relative error and V-score computed from it. Values not known
-    are None (or NaN, where a measurement gave none).
+    energy_error, variance, exact_energy, reference`` (how ``exact_energy`` was obtained),
+    ``relative_error, v_score, seconds, seconds_per_iter``. A finished run reports its
+    ``final`` values; an unfinished one its last history row, with relative error and V-score
+    computed from it. Values not known are None (or NaN, where a measurement gave none).
     """
     history = record.history_arrays()
     exact_energy = record.exact.get("energy") if record.exact else None
@@ -697,6 +710,7 @@ def summary(record: RunRecord) -> dict[str, Any]:
         "n_params": record.n_params,
         "n_iter": len(record.history),
         "exact_energy": exact_energy,
+        "reference": reference_of(record),
         "seconds": float(np.nansum(history["seconds_total"])),
     }
     if record.final is not None:
@@ -729,11 +743,23 @@ SUMMARY_FIELDS = (
     "energy_error",
     "variance",
     "exact_energy",
+    "reference",
     "relative_error",
     "v_score",
     "seconds",
     "seconds_per_iter",
 )
+
+
+def reference_of(record: RunRecord) -> str | None:
+    """Returns how the record's reference energy was obtained (`physics.reference`: exact
+    diagonalization, Bethe ansatz or a published value), None without one. Files written
+    before the ``reference`` attribute hold exact diagonalizations."""
+    if not record.exact:
+        return None
+    return record.exact.get("reference") or EXACT_DIAGONALIZATION
+
+
 # the columns of the report table (`vitqs report`), a selection of the summary's
 SUMMARY_COLUMNS = tuple(
     key for key in SUMMARY_FIELDS if key not in ("variance", "seconds_per_iter")

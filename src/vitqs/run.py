@@ -26,6 +26,7 @@ from vitqs.models import final_symmetrized, invariances
 from vitqs.physics import exact
 from vitqs.physics.observables import observables_of_vector
 from vitqs.physics.operators import Heisenberg
+from vitqs.physics.reference import EXACT_DIAGONALIZATION, reference_energy
 from vitqs.vmc import observables
 from vitqs.vmc.callbacks import ChainsFrozen, FrozenChains
 from vitqs.vmc.driver import (
@@ -216,18 +217,30 @@ def _new_record(config: Config, hamiltonian, model, use_cache: bool) -> results.
 
 
 def _exact_reference(config: Config, hamiltonian, use_cache: bool = True) -> dict | None:
-    """Returns the record's ``exact`` group (None when ``exact.*`` rules ED out); raises
-    ConfigError when ``exact.enabled: true`` and the sector is above ``exact.max_dim``."""
+    """Returns the record's ``exact`` group: exact diagonalization where ``exact.*`` lets it
+    run, else (``exact.enabled: auto`` past ``exact.max_dim``) the Bethe-ansatz or published
+    energy of `physics.reference`, else None. Raises ConfigError when ``exact.enabled: true``
+    and the sector is above ``exact.max_dim``."""
     # rank 0 alone writes the record: the others need not diagonalize
-    root = distributed.is_root()
-    reference = exact_ground_state(config, hamiltonian, use_cache=use_cache) if root else None
-    if reference is None:
+    if not distributed.is_root() or config.exact.enabled is False:
         return None
+    start = time.perf_counter()
+    solved = exact_ground_state(config, hamiltonian, use_cache=use_cache)
+    if solved is not None:
+        energy, dimension, seconds = solved.energy, solved.dimension, solved.seconds
+        method = EXACT_DIAGONALIZATION
+    else:
+        found = reference_energy(hamiltonian)
+        if found is None:
+            return None
+        energy, dimension, method = found.energy, 0, found.method
+        seconds = time.perf_counter() - start
     return {
-        "energy": reference.energy,
-        "energy_per_site": reference.energy / hamiltonian.n_sites,
-        "dimension": reference.dimension,
-        "seconds": reference.seconds,
+        "energy": energy,
+        "energy_per_site": energy / hamiltonian.n_sites,
+        "dimension": dimension,
+        "seconds": seconds,
+        "reference": method,
     }
 
 
@@ -551,6 +564,8 @@ def _exact_observables(run: Run) -> dict:
     (rank 0 only: the record it writes is the one that keeps them)."""
     if not distributed.is_root() or run.record.exact is None:
         return {}  # a resumed record on another rank has rank 0's exact group: no second ED
+    if results.reference_of(run.record) != EXACT_DIAGONALIZATION:
+        return {}  # a Bethe-ansatz or published energy: no state to measure
     if run.record.exact["dimension"] > _EXACT_OBSERVABLES_MAX_DIM:
         return {}
     hamiltonian = run.vmc.hamiltonian
@@ -570,6 +585,7 @@ _JSON_FIELDS = (
     "variance",
     "v_score",
     "exact_energy",
+    "reference",
     "relative_error",
     "n_params",
     "n_iter",
