@@ -194,3 +194,30 @@ def _sweep_order_parameters(rows, x, parameter, path: Path) -> Path | None:
         axes.set_ylabel(name)
         axes.grid(True, alpha=0.3)
     return _save(figure, path)
+
+
+# ---- zero-variance extrapolation -------------------------------------------------------------
+
+
+def plot_zero_variance(fit, path: str | Path) -> Path:
+    """Draws the energies per site of one system's runs against their variance per site, the
+    fitted line down to zero variance, its intercept ± error, and the reference energy when
+    known (``fit``: an `extrapolation.ZeroVariance`)."""
+    figure, axes = _new_axes("variance per site Var(E)/N", "energy per site E/N")
+    axes.errorbar(fit.variance, fit.energy, yerr=fit.energy_error, fmt="o", ms=4, capsize=3)
+    x = np.linspace(0.0, float(np.max(fit.variance)) * 1.05, 50)
+    axes.plot(x, fit.intercept + fit.slope * x, "-", lw=1, label="linear fit")
+    axes.errorbar(
+        [0.0],
+        [fit.intercept],
+        yerr=[fit.intercept_error] if math.isfinite(fit.intercept_error) else None,
+        fmt="s",
+        ms=5,
+        capsize=3,
+        label=f"zero variance: {fit.intercept:.6f}",
+    )
+    if fit.reference is not None:
+        axes.axhline(fit.reference, color="k", ls="--", lw=1, label=fit.reference_method)
+    axes.set_title(fit.system, fontsize=8)
+    axes.legend(fontsize=8)
+    return _save(figure, Path(path))

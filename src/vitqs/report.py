@@ -22,6 +22,7 @@ import yaml
 from vitqs import results
 from vitqs.build import build_hamiltonian, build_network
 from vitqs.config import from_dict
+from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
 from vitqs.models.symmetrize import final_symmetrized
 from vitqs.physics import exact
 from vitqs.plots import plot_run
@@ -35,7 +36,8 @@ from vitqs.vmc.sr import set_parameter_vector
 
 def report(path: str | Path) -> tuple[str, list[Path]]:
     """Returns (markdown table, written PNGs) for one results file or every ``*.h5`` below a
-    folder (recursive).
+    folder (recursive). For a folder, finished runs on one system (two or more) add their
+    zero-variance extrapolation: a second table, and ``zero_variance.png`` in the folder.
 
     Figures of ``<dir>/<name>.h5`` go to ``<dir>/<name>/``. A file that does not read as a
     results file becomes a table row with status ``unreadable: <reason>``. Raises
@@ -50,7 +52,7 @@ def report(path: str | Path) -> tuple[str, list[Path]]:
         files = [path]
     else:
         raise ResultsError(f"{path}: no such results file or folder")
-    rows, pngs = [], []
+    rows, pngs, records = [], [], []
     for file in files:
         try:
             record = read_results(file)
@@ -59,7 +61,14 @@ def report(path: str | Path) -> tuple[str, list[Path]]:
             continue
         pngs += plot_run(record, file.with_suffix(""))
         rows.append(summary_row(record))
-    return markdown_table(rows, SUMMARY_COLUMNS), pngs
+        records.append(record)
+    text = markdown_table(rows, SUMMARY_COLUMNS)
+    if path.is_dir():  # runs on one system: their zero-variance extrapolation
+        extrapolated, figures = write_zero_variance(records, path)
+        if extrapolated:
+            text += f"\n{ZERO_VARIANCE_TITLE}\n\n{extrapolated}"
+            pngs += figures
+    return text, pngs
 
 
 def _unreadable_row(file: Path, err: ResultsError) -> dict:

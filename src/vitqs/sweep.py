@@ -29,6 +29,7 @@ from vitqs.config import (
     plain_file_name_problem,
 )
 from vitqs.distributed import is_root
+from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
 from vitqs.plots import plot_sweep
 from vitqs.report import markdown_table
 from vitqs.run import run_config
@@ -121,11 +122,12 @@ def run_sweep(path: str | Path, *, progress: bool = True, use_cache: bool = True
     read and write the ED cache."""
     spec = load_sweep(path)
     configs = point_configs(spec)
-    rows, previous = [], None
+    rows, records, previous = [], [], None
     for point, config in configs:
         warm = previous if spec["warm_start"] else None
         record = _run_point(config, warm, progress, use_cache)
         rows.append(_row(point, record))
+        records.append(record)
         previous = _final_parameters(record)
     out_dir = Path(configs[0][1].output.dir)
     if not is_root():  # under torchrun rank 0 writes the tables and figures
@@ -133,6 +135,13 @@ def run_sweep(path: str | Path, *, progress: bool = True, use_cache: bool = True
     tables = _write_tables(rows, out_dir)
     parameter = list(spec["grid"])[0].split(".")[-1]
     figures = plot_sweep(rows, parameter, out_dir) if len(spec["grid"]) == 1 else []
+    # points on one system (a sweep over the network or the budget): extrapolate them
+    extrapolated, more = write_zero_variance(records, out_dir)
+    if extrapolated:
+        tables.append(out_dir / "zero_variance.md")
+        text = f"{ZERO_VARIANCE_TITLE}\n\n{extrapolated}"
+        results.write_text_atomic(tables[-1], text)
+        figures += more
     return {"name": spec["name"], "rows": rows, "tables": tables, "figures": figures}
 
 
@@ -224,6 +233,7 @@ def _row(point: dict, record) -> dict:
         energy_error_per_site=final.get("energy_error", math.nan) / n,
         exact_energy=exact["energy"] if exact else None,
         exact_energy_per_site=exact["energy"] / n if exact else None,
+        reference=results.reference_of(record),
         relative_error=final.get("relative_error"),
         v_score=final.get("v_score"),
         seconds=final.get("seconds"),
