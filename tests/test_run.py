@@ -17,6 +17,7 @@ from helpers import (
     last_json,
     model_energy,
     model_vector,
+    random_spins,
     rayleigh_quotient,
     run_main,
     tiny_bose_hubbard,
@@ -37,6 +38,7 @@ SUMMARY_KEYS = {
     "variance",
     "v_score",
     "exact_energy",
+    "reference",
     "relative_error",
     "n_params",
     "n_iter",
@@ -188,7 +190,7 @@ def test_resume_refuses_a_changed_hamiltonian_and_continues_a_raised_n_iter(tmp_
     code, out, err = run_main(
         capsys,
         *("run", path, "--resume", "--quiet", "--json", "--set", "optimizer.n_iter=6"),
-        *("--set", "sampler.dtype=float32", "--set", "sampler.local_energy_dtype=float32"),
+        *("--set", "sampler.dtype=float64", "--set", "sampler.local_energy_dtype=float32"),
         *("--set", "final.symmetrize=translations"),  # the final average: after the steps
     )
     assert code == 0, err
@@ -609,6 +611,50 @@ def test_init_from_starts_the_chains_from_the_earlier_run_s_chains(tmp_path):
     vmc = build_vmc(config)
     start_from_results(config, vmc.model, vmc.sampler)
     assert vmc.sampler.state_dict() == {}
+
+
+def test_init_from_a_smaller_lattice_extends_the_state_to_this_one(tmp_path):
+    # an 8-site run carried to 16 sites: on configurations that repeat the 8-site ones the
+    # 16-site network has the 8-site log ψ (up to the head's LayerNorm eps); the chains,
+    # of another length, are not used
+    from vitqs.build import build_network, build_vmc
+    from vitqs.checkpoint import start_from_results
+
+    small = tiny_heisenberg(tmp_path / "out", lattice={"shape": [8], "pbc": True})
+    run_config(from_dict(small), progress=False)
+    h5 = tmp_path / "out" / "tiny.h5"
+    config_s = from_dict(small)
+    network = build_network(config_s, build_vmc(config_s).hamiltonian)
+    network.load_state_dict(results.load_checkpoint(results.read_results(h5))["model"])
+
+    large = tiny_heisenberg(
+        tmp_path / "big", lattice={"shape": [16], "pbc": True}, model={"init_from": str(h5)}
+    )
+    config = from_dict(large)
+    vmc = build_vmc(config)
+    start_from_results(config, vmc.model, vmc.sampler)
+    x = random_spins(16, 8)
+    vmc.model.head.norm.eps = network.head.norm.eps = 0.0  # else equal to ~1e-6 only
+    with torch.no_grad():
+        torch.testing.assert_close(
+            vmc.model(torch.cat([x, x], dim=1)), network(x), rtol=0, atol=1e-11
+        )
+    vmc.model.head.norm.eps = network.head.norm.eps = 1e-5
+    assert vmc.sampler.state_dict() == {}  # random chains: the earlier ones have 8 sites
+    assert run_config(config, progress=False)["n_iter"] == 4
+
+
+def test_init_from_another_lattice_refuses_what_does_not_carry_over(tmp_path, capsys):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    for overrides, names in (
+        (["lattice.shape=[12]", "model.jastrow=true"], ("model.init_from", "jastrow")),
+        (["lattice.shape=[4, 4]"], ("model.init_from", "lattice.shape=[6]", "one kind")),
+    ):
+        sets = [a for o in [*overrides, f"model.init_from={h5}", "name=b"] for a in ("--set", o)]
+        code, _, err = run_main(capsys, "run", path, *sets)
+        assert_one_line_error(code, err, *names)
 
 
 def test_init_from_refuses_a_missing_file_and_parameters_that_do_not_fit(tmp_path, capsys):

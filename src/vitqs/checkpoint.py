@@ -21,6 +21,8 @@ from vitqs import results
 from vitqs.config import Config, ConfigError, keys_with
 from vitqs.errors import first_line
 from vitqs.models import load_network_state
+from vitqs.models.symmetrize import Symmetrized
+from vitqs.models.transfer import grid_of, transfer_state
 from vitqs.yamlfile import parse_yaml
 
 
@@ -35,8 +37,9 @@ def start_from_results(config: Config, model, sampler) -> None:
     if record.checkpoint is None:
         raise ConfigError(f"{where}: the run holds no checkpoint yet; name a run that has one")
     state = checked_state(record.checkpoint, where)
+    network_state = _on_this_lattice(state["model"], record, config, model, where)
     try:
-        load_network_state(model, state["model"])
+        load_network_state(model, network_state)
     except (RuntimeError, TypeError, ValueError, KeyError) as err:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()] or ["?"]
         reason = model_differences(record, config) or lines[-1]
@@ -45,9 +48,36 @@ def start_from_results(config: Config, model, sampler) -> None:
             "that run's, except symmetrize and spin_flip"
         ) from None
     chains = state["sampler"].get("chains")
-    if isinstance(chains, torch.Tensor):  # an exact sum has no chains to start
+    n_sites = sampler.hilbert.n_sites
+    if isinstance(chains, torch.Tensor) and chains.shape[-1] == n_sites:  # no sum, same size
         with contextlib.suppress(ValueError):  # another sector: random chains, as usual
             sampler.start_chains(chains)  # checks the chains against the sector itself
+
+
+def _on_this_lattice(network_state: dict, record, config: Config, model, where: str) -> dict:
+    """Returns the init_from run's network state, its attention tables extended to this
+    lattice when that run had another size (`models.transfer`)."""
+    stored = stored_config(record) or {}
+    lattice = stored.get("lattice") if isinstance(stored.get("lattice"), dict) else {}
+    shape = lattice.get("shape")
+    if shape is None or list(shape) == list(config.lattice.shape):
+        return network_state
+    if len(shape) != len(config.lattice.shape):
+        raise ConfigError(
+            f"{where}: that run is on lattice.shape={list(shape)}, this one on "
+            f"{list(config.lattice.shape)}: a state carries over between lattices of one kind"
+        )
+    stored_model = stored.get("model") if isinstance(stored.get("model"), dict) else {}
+    bare = model.model if isinstance(model, Symmetrized) else model
+    try:
+        source = grid_of(shape, stored_model.get("patch_size", config.model.patch_size))
+        network_state = {k.removeprefix("model."): v for k, v in network_state.items()}
+        return transfer_state(network_state, bare, source)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(
+            f"{where}: that run is on lattice.shape={list(shape)}, this one on "
+            f"{list(config.lattice.shape)}, and {first_line(err)}"
+        ) from None
 
 
 def model_differences(record: results.RunRecord, config: Config) -> str:
