@@ -80,6 +80,7 @@ def test_bench_step_script_runs_two_iterations(tmp_path):
     assert {*PHASES, "step"} <= _phase_rows(done.stdout)
     record = last_json(done.stdout)
     assert record["ours"]["n_iter"] == 2 and record["ours"]["threads"] == 1
+    assert len(record["cores"]) == 1  # pinned: jax would use every core otherwise
     assert "netket" not in record
 
 
