@@ -62,6 +62,13 @@ BAD = {
     "type_int": (lambda d: d["model"].update(d_model="big"), "model.d_model"),
     "type_float_for_int": (lambda d: d["sampler"].update(n_samples=64.5), "sampler.n_samples"),
     "type_bool": (lambda d: d["lattice"].update(pbc="yes"), "lattice.pbc"),
+    "pbc_per_axis_count": (lambda d: d["lattice"].update(pbc=[True, False]), "lattice.pbc"),
+    "lattice_kind": (lambda d: d["lattice"].update(kind="hexagonal"), "lattice.kind"),
+    "shape_of_kind": (lambda d: d["lattice"].update(kind="kagome"), "lattice.shape"),
+    "ladder_coupling_off_a_ladder": (
+        lambda d: d["hamiltonian"].update(J_rung=0.5),
+        "hamiltonian.J_rung",
+    ),
     "type_bool_for_int": (lambda d: d["model"].update(layers=True), "model.layers"),
     "type_real": (lambda d: d["hamiltonian"].update(J1=[1]), "hamiltonian.J1"),
     "real_nan": (lambda d: d["hamiltonian"].update(J1=".nan"), "hamiltonian.J1"),

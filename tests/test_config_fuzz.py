@@ -65,6 +65,8 @@ def _bad_values(key: str, annotation: str) -> list:
         return ["U", [1], {}, {"U": "x"}, {"bogus": 1.0}, {"J1": float("nan")}]
     if key == "model.patch_size":
         return ["two", [0], -1, 2.5, [1, 2, 3], 10**20, True]
+    if key == "lattice.pbc":  # a bool, or one per axis of lattice.shape
+        return ["true", "yes", 1, 0.5, [1, 2], [True, "no"], [], [True, True, True], {"a": 1}]
     if key == "exact.enabled":
         return ["maybe", 1, 0, 2.5, [True]]
     if key in ("device", "output.dir", "model.init_from"):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from helpers import ComplexRBM, LookupTable, exact_ground_state, model_vector
 
+from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.observables import (
     condensate_fraction,
@@ -74,6 +75,36 @@ def test_spin_observables_under_the_exact_sampler_are_exact(name):
         result["structure_factor"].mean, structure_factor(hamiltonian.lattice, corr), atol=1e-12
     )
     assert np.all(result["spin_correlations"].error == 0)
+
+
+@pytest.mark.parametrize(
+    "hamiltonian",
+    [
+        Heisenberg(Lattice((8,)), sign_rule=True),
+        Heisenberg(Lattice((2, 2), kind="honeycomb"), J2=0.3),
+        Heisenberg(Lattice((2, 2), kind="kagome")),
+    ],
+    ids=["chain", "honeycomb", "kagome"],
+)
+def test_translation_invariant_correlations_from_the_first_cell_are_exact(hamiltonian):
+    """The first cell's rows spread by translation give every pair's ⟨S_i·S_j⟩ of a
+    translation-averaged ψ: equal to the exact sums (and to the all-pairs route)."""
+    lattice = hamiltonian.lattice
+    model = Symmetrized(ComplexRBM(hamiltonian.n_sites, seed=3, scale=0.4), lattice.translations)
+    samples = ExactSampler(hamiltonian.hilbert).sample(model)
+    by_orbit = spin_observables(hamiltonian, model, samples, translation_invariant=True)
+    every_pair = spin_observables(hamiltonian, model, samples)
+    corr = exact_spin_correlations(
+        hamiltonian.hilbert,
+        lattice,
+        model_vector(model, hamiltonian.hilbert),
+        hamiltonian.sign_rule,
+    )
+    np.testing.assert_allclose(by_orbit["spin_correlations"].mean, corr, atol=1e-12)
+    np.testing.assert_allclose(every_pair["spin_correlations"].mean, corr, atol=1e-12)
+    np.testing.assert_allclose(
+        by_orbit["structure_factor"].mean, structure_factor(lattice, corr), atol=1e-12
+    )
 
 
 @pytest.mark.usefixtures("single_thread")

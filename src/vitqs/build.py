@@ -28,7 +28,9 @@ _FULL_SUM_MAX_DIM = 200_000
 
 def build_lattice(config: Config) -> Lattice:
     """Returns the lattice of ``config.lattice``."""
-    return Lattice(tuple(config.lattice.shape), pbc=config.lattice.pbc)
+    pbc = config.lattice.pbc
+    pbc = tuple(pbc) if isinstance(pbc, list) else pbc
+    return Lattice(tuple(config.lattice.shape), pbc=pbc, kind=config.lattice.kind)
 
 
 def build_hamiltonian(config: Config, lattice: Lattice | None = None):
@@ -41,7 +43,9 @@ def hamiltonian_of(ham: HeisenbergConfig | BoseHubbardConfig, lattice: Lattice):
     try:
         if isinstance(ham, BoseHubbardConfig):
             return BoseHubbard(lattice, ham.J, ham.U, ham.mu, ham.n_particles, ham.n_max)
-        return Heisenberg(lattice, ham.J1, ham.J2, ham.sign_rule, ham.total_sz)
+        return Heisenberg(
+            lattice, ham.J1, ham.J2, ham.sign_rule, ham.total_sz, ham.J_leg, ham.J_rung
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -172,7 +176,8 @@ def exact_ground_state(config: Config, hamiltonian=None, *, use_cache=True, retu
 
 
 def run_exact(config: Config, *, use_cache=True) -> dict:
-    """Returns the ``vitqs ed`` summary: energy, energy per site, dimension, seconds, cached."""
+    """Returns the ``vitqs ed`` summary: energy, energy per site, dimension, seconds, cached,
+    and the lattice (kind, shape, pbc per axis, sites)."""
     start = time.perf_counter()
     hamiltonian = build_hamiltonian(config)
     try:
@@ -185,6 +190,12 @@ def run_exact(config: Config, *, use_cache=True) -> dict:
         "dimension": result.dimension,
         "seconds": time.perf_counter() - start,
         "cached": result.cached,
+        "lattice": {
+            "kind": hamiltonian.lattice.kind,
+            "shape": list(hamiltonian.lattice.shape),
+            "pbc": list(hamiltonian.lattice.pbc),
+            "n_sites": hamiltonian.lattice.n_sites,
+        },
     }
 
 

@@ -60,6 +60,13 @@ def _on_this_lattice(network_state: dict, record, config: Config, model, where: 
     stored = stored_config(record) or {}
     lattice = stored.get("lattice") if isinstance(stored.get("lattice"), dict) else {}
     shape = lattice.get("shape")
+    kind = lattice.get("kind") or ("chain" if shape is not None and len(shape) == 1 else "square")
+    if shape is not None and kind != config.lattice.resolved_kind:
+        raise ConfigError(
+            f"{where}: that run is on a {kind}, lattice.shape={list(shape)}, this one on a "
+            f"{config.lattice.resolved_kind}, {list(config.lattice.shape)}: a state carries "
+            "over between lattices of one kind"
+        )
     if shape is None or list(shape) == list(config.lattice.shape):
         return network_state
     if len(shape) != len(config.lattice.shape):

@@ -69,7 +69,9 @@ def _cmd_ed(args) -> int:
     config = load(args.config, args.overrides)
     summary = run_exact(config, use_cache=not args.no_cache)
     ham = config.hamiltonian
-    print(f"{config.name}: {ham.kind} on {config.lattice.shape} (pbc={config.lattice.pbc})")
+    lattice = summary["lattice"]
+    where = f"{lattice['kind']} {lattice['shape']} (pbc={lattice['pbc']})"
+    print(f"{config.name}: {ham.kind} on {where}")
     print(f"  energy           {summary['energy']:.12f}")
     print(f"  energy per site  {summary['energy_per_site']:.12f}")
     print(f"  dimension        {summary['dimension']}")

@@ -85,6 +85,17 @@ def choice(*options):
     return check
 
 
+def bool_list(length=(1, 2)):
+    def check(key, value):
+        if not isinstance(value, (list, tuple)) or not (length[0] <= len(value) <= length[1]):
+            raise ConfigError(f"{key}={describe(value)} must be a bool or a list of bools")
+        for i, item in enumerate(value):
+            boolean()(f"{key}[{i}]", item)
+        return list(value)
+
+    return check
+
+
 def text():
     def check(key, value):
         if not isinstance(value, str) or not value.strip():
@@ -227,6 +238,9 @@ EMBEDDINGS = ("linear", "onehot")
 SYMMETRIZE = ("none", "translations", "space_group")
 SPIN_FLIPS = (0, 1, -1)  # the eigenvalue of spin inversion projected on (0: none)
 DTYPES = ("float64", "float32")
+LATTICE_KINDS = ("chain", "square", "triangular", "honeycomb", "kagome", "ladder")
+# sites per unit cell of the kinds with a basis (every other kind has one)
+SITES_PER_CELL = {"honeycomb": 2, "kagome": 3}
 
 
 # ---- the sections -------------------------------------------------------------------------
@@ -254,7 +268,26 @@ class LatticeConfig(Section):
     prefix = "lattice."
 
     shape: list = option(check=int_list((1, 2), minimum=1))
-    pbc: bool = option(True, boolean())
+    # one bool for every axis, or one per axis; a ladder's single bool is along its legs
+    # (across them it stays open unless a list says otherwise)
+    pbc: Any = option(
+        True, either(boolean(), bool_list((1, 2)), expected="true, false or a list of them")
+    )
+    kind: str | None = option(None, optional(choice(*LATTICE_KINDS)))
+
+    @property
+    def resolved_kind(self) -> str:
+        """Returns the kind, a chain or a square by the length of ``shape`` when unset."""
+        if self.kind is not None:
+            return self.kind
+        return "chain" if len(self.shape) == 1 else "square"
+
+    @property
+    def n_sites(self) -> int:
+        n = SITES_PER_CELL.get(self.resolved_kind, 1)
+        for extent in self.shape:
+            n *= extent
+        return n
 
 
 @dataclass
@@ -264,6 +297,9 @@ class HeisenbergConfig(Section):
     kind: str = option("heisenberg", choice("heisenberg"))
     J1: float = option(1.0, real())
     J2: float = option(0.0, real())
+    # a ladder's order-1 bonds: along the legs and across them (rungs); None: J1
+    J_leg: float | None = option(None, optional(real()))
+    J_rung: float | None = option(None, optional(real()))
     sign_rule: bool = option(False, boolean())
     total_sz: float = option(0.0, real())
 
@@ -460,10 +496,7 @@ class Config(Section):
 
     @property
     def n_sites(self) -> int:
-        n = 1
-        for extent in self.lattice.shape:
-            n *= extent
-        return n
+        return self.lattice.n_sites
 
     def to_dict(self) -> dict:
         """Returns the resolved config as plain data (what the results file embeds)."""
@@ -562,9 +595,32 @@ def from_dict(data, *, default_name: str | None = None) -> Config:
 MAX_SITES = 65_536
 
 
+def _check_lattice(lattice: LatticeConfig, ham) -> None:
+    """Checks that ``shape`` and ``pbc`` fit the kind, and that ladder couplings go on a
+    ladder."""
+    kind, shape = lattice.resolved_kind, lattice.shape
+    dims = 1 if kind == "chain" else 2
+    if len(shape) != dims:
+        form = {"chain": "[L]", "ladder": "[L, legs]"}.get(kind, "[Lx, Ly]")
+        raise ConfigError(f"lattice.shape={shape} must be {form} for lattice.kind={kind}")
+    if isinstance(lattice.pbc, list) and len(lattice.pbc) != dims:
+        raise ConfigError(
+            f"lattice.pbc={lattice.pbc} must be one bool or a list of {dims} (one per axis of "
+            f"lattice.shape={shape})"
+        )
+    for key in ("J_leg", "J_rung"):
+        value = getattr(ham, key, None)
+        if value is not None and kind != "ladder":
+            raise ConfigError(
+                f"hamiltonian.{key}={value} couples a ladder; lattice.kind={kind} has J1 and J2 "
+                "only (set lattice.kind: ladder, or drop the key)"
+            )
+
+
 def _check_consistency(config: Config) -> None:
     """Checks that need more than one field (the lattice and the Hamiltonian together...)."""
     n_sites, ham = config.n_sites, config.hamiltonian
+    _check_lattice(config.lattice, ham)
     if n_sites > MAX_SITES:
         raise ConfigError(
             f"lattice.shape={config.lattice.shape} has {n_sites:,} sites; vitqs handles at most "

@@ -175,8 +175,10 @@ def _system_key(record: RunRecord) -> str | None:
     kind = hamiltonian.pop("kind", "?")
     hamiltonian.pop("sign_rule", None)  # a change of basis: the same spectrum
     couplings = " ".join(f"{k}={v}" for k, v in sorted(hamiltonian.items()))
-    boundary = "periodic" if lattice.get("pbc", True) else "open"
-    return f"{kind} {couplings} on {lattice.get('shape')} ({boundary})"
+    pbc = lattice.get("pbc", True)
+    boundary = {True: "periodic", False: "open"}.get(pbc, f"pbc={pbc}")
+    where = f"{lattice['kind']} " if lattice.get("kind") else ""
+    return f"{kind} {couplings} on {where}{lattice.get('shape')} ({boundary})"
 
 
 def write_zero_variance(records: Sequence[RunRecord], out_dir) -> tuple[str, list]:

@@ -532,7 +532,9 @@ def _observables(run: Run, model, samples, sampler) -> dict:
     if vector is not None:  # every state's amplitude is known: direct sums
         measured = observables_of_vector(ham, vector, invariant)
     elif isinstance(ham, Heisenberg):
-        measured = observables.spin_observables(ham, model, samples, chunk_size=chunk)
+        measured = observables.spin_observables(
+            ham, model, samples, chunk_size=chunk, translation_invariant=invariant
+        )
     else:
         measured = observables.boson_observables(
             ham, model, samples, chunk_size=chunk, translation_invariant=invariant
@@ -550,7 +552,7 @@ def _translation_invariant(model, lattice) -> bool:
     """Returns whether ``model`` is invariant under every translation of a periodic lattice
     for any parameters (averaged over them, or over the space group)."""
     symmetries = {tuple(perm) for perm in invariances(model, lattice)[0]}
-    return lattice.pbc and all(tuple(shift) in symmetries for shift in lattice.translations)
+    return lattice.periodic and all(tuple(shift) in symmetries for shift in lattice.translations)
 
 
 # Sectors up to this size also get the observables of the exact ground state: on state codes

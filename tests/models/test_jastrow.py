@@ -45,8 +45,8 @@ def test_equals_the_pair_sum(lattice):
     extent = np.asarray(lattice.shape)
 
     def key(r):
-        r = r % extent if lattice.pbc else r
-        minus = -r % extent if lattice.pbc else -r
+        r = r % extent if lattice.periodic else r
+        minus = -r % extent if lattice.periodic else -r
         return max(tuple(r), tuple(minus))
 
     table = {}  # every pair with the same ±displacement must carry one coupling

@@ -17,7 +17,8 @@ def build_model(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
 
     Args:
         cfg: the ``model`` section (its values checked by the section itself).
-        lattice: provides ``shape``, ``pbc``, ``n_sites`` and ``translations``.
+        lattice: provides ``shape`` (unit cells), ``n_basis``, ``pbc``, ``n_sites`` and
+            ``translations``.
         hilbert: provides ``local_states``; spin inversion also needs ``total_sz == 0``.
 
     Raises:
@@ -64,9 +65,14 @@ def _build_bare(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
     patch_size = cfg.patch_size if np.ndim(cfg.patch_size) == 0 else tuple(cfg.patch_size)
     if cfg.kind == "jastrow":
         states = tuple(hilbert.local_states)
-        return Jastrow(lattice.shape, lattice.pbc, local_states=states if len(states) > 2 else None)
+        return Jastrow(
+            lattice.shape,
+            lattice.pbc,
+            local_states=states if len(states) > 2 else None,
+            n_basis=lattice.n_basis,
+        )
     if cfg.kind == "simple_vit":
-        return SimpleViT(lattice.shape, patch_size, cfg.d_model, cfg.heads)
+        return SimpleViT(lattice.shape, patch_size, cfg.d_model, cfg.heads, lattice.n_basis)
     return ViT(
         lattice.shape,
         patch_size,
@@ -79,6 +85,7 @@ def _build_bare(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
         local_states=tuple(hilbert.local_states),
         jastrow=cfg.jastrow,
         pbc=lattice.pbc,
+        n_basis=lattice.n_basis,
         head_init_std=cfg.head_init_std,
         positive=cfg.positive,
     )

@@ -10,43 +10,57 @@ from torch import nn
 from vitqs.models.patching import lattice_extent
 
 
-def pair_classes(lattice_shape: tuple[int, ...], pbc: bool) -> tuple[np.ndarray, int]:
+def pair_classes(
+    lattice_shape: tuple[int, ...], pbc=True, n_basis: int = 1
+) -> tuple[np.ndarray, int]:
     """Returns ``(pair_class, n_classes)``: the coupling index of every site pair.
 
-    ``pair_class`` is ``(n_sites, n_sites)`` int64. Pairs ``(i, j)`` with the same displacement
-    ``r_i − r_j`` up to sign share a class (``x_i x_j`` is symmetric, so ``v(r)`` and ``v(−r)``
-    could not be told apart); displacements are wrapped onto the lattice when ``pbc`` and taken
-    as plain vectors on an open lattice. The diagonal ``i = j`` gets the class ``n_classes``,
-    which the on-site term ``g`` covers instead.
+    ``pair_class`` is ``(n_sites, n_sites)`` int64. Pairs ``(i, j)`` with the same cell
+    displacement ``r_i − r_j`` and the same basis sites, up to exchanging the two, share a class
+    (``x_i x_j`` is symmetric, so ``v(r)`` and ``v(−r)`` could not be told apart): the classes
+    are the orbits of pairs under translations by whole cells. Displacements are wrapped
+    along periodic axes (``pbc``: one bool or one per axis) and taken as plain vectors along
+    open ones. The diagonal ``i = j`` gets the class ``n_classes``, which the on-site term
+    ``g`` covers instead.
 
-    Class counts: periodic ``(N + n_half − 2)/2`` with ``n_half = (1 + [Lx even])(1 + [Ly even])``
-    the displacements equal to their own negative; open ``((2Lx − 1)(2Ly − 1) − 1)/2``.
+    Class counts with one site per cell: periodic ``(N + n_half − 2)/2`` with
+    ``n_half = (1 + [Lx even])(1 + [Ly even])`` the displacements equal to their own negative;
+    open ``((2Lx − 1)(2Ly − 1) − 1)/2``.
     """
     lx, ly = lattice_extent(lattice_shape)
-    site = np.arange(lx * ly)
-    coords = np.stack([site % lx, site // lx], axis=1)
+    periodic = (pbc,) * len(lattice_shape) if np.ndim(pbc) == 0 else tuple(pbc)
+    periodic = tuple(bool(p) for p in periodic) + (True,) * (2 - len(periodic))
+    n_sites = lx * ly * n_basis
+    cell, basis = np.arange(n_sites) // n_basis, np.arange(n_sites) % n_basis
+    coords = np.stack([cell % lx, cell // lx], axis=1)
     delta = coords[:, None, :] - coords[None, :, :]  # (i, j, axis)
-    code = _displacement_code(delta, lx, ly, pbc)
-    code_of_negative = _displacement_code(-delta, lx, ly, pbc)
-    canonical = np.maximum(code, code_of_negative)  # one representative of {r, −r}
-    off_diagonal = ~np.eye(lx * ly, dtype=bool)
+    bi, bj = basis[:, None], basis[None, :]
+    n_pairs = n_basis * n_basis
+    code = _displacement_code(delta, (lx, ly), periodic) * n_pairs + bi * n_basis + bj
+    code_of_swap = _displacement_code(-delta, (lx, ly), periodic) * n_pairs + bj * n_basis + bi
+    canonical = np.maximum(code, code_of_swap)  # one representative of (i, j) and (j, i)
+    off_diagonal = ~np.eye(n_sites, dtype=bool)
     classes, inverse = np.unique(canonical[off_diagonal], return_inverse=True)
-    pair_class = np.full((lx * ly, lx * ly), len(classes), dtype=np.int64)
+    pair_class = np.full((n_sites, n_sites), len(classes), dtype=np.int64)
     pair_class[off_diagonal] = inverse.ravel()
     return pair_class, len(classes)
 
 
-def _displacement_code(delta: np.ndarray, lx: int, ly: int, pbc: bool) -> np.ndarray:
+def _displacement_code(delta: np.ndarray, extent, periodic) -> np.ndarray:
     """Returns an integer that labels each displacement ``(..., 2)`` uniquely."""
-    if pbc:
-        return (delta[..., 0] % lx) + lx * (delta[..., 1] % ly)
-    return (delta[..., 0] + lx - 1) + (2 * lx - 1) * (delta[..., 1] + ly - 1)
+    code, width = np.zeros(delta.shape[:-1], dtype=np.int64), 1
+    for axis, (length, wrap) in enumerate(zip(extent, periodic, strict=True)):
+        d = delta[..., axis]
+        code = code + width * (d % length if wrap else d + length - 1)
+        width *= length if wrap else 2 * length - 1
+    return code
 
 
 class Jastrow(nn.Module):
     """Returns ``log J(x) = Σ_{i≠j} v(r_i − r_j) x_i x_j + Σ_i u(x_i)`` as a complex ``(B,)``.
 
-    The couplings ``v`` are translation invariant and symmetric, ``v(r) = v(−r)`` (see
+    The couplings ``v`` are translation invariant and symmetric, ``v(r) = v(−r)``, one per
+    pair of basis sites on a lattice with a basis (see
     ``pair_classes``). The on-site term ``u`` is ``u(x) = g x²`` by default; with
     ``local_states`` it is a free table ``u(n)`` over the values a site can take (a Gutzwiller
     factor), which bosons need: the exact ``U = 0`` ground state has ``log ψ = −½ Σ_i log n_i!``
@@ -61,19 +75,23 @@ class Jastrow(nn.Module):
     arXiv:2404.07869).
 
     Args:
-        lattice_shape: ``(L,)`` or ``(Lx, Ly)``, sites row-major.
-        pbc: wrap displacements periodically.
+        lattice_shape: ``(L,)`` or ``(Lx, Ly)`` unit cells, sites numbered as in `patching`.
+        pbc: wrap displacements periodically: one bool, or one per axis.
         local_states: the site values ``(n_states,)`` for the on-site table ``u``; None keeps
             the single parameter ``g``.
     """
 
     def __init__(
-        self, lattice_shape: tuple[int, ...], pbc: bool = True, local_states: tuple | None = None
+        self,
+        lattice_shape: tuple[int, ...],
+        pbc=True,
+        local_states: tuple | None = None,
+        n_basis: int = 1,
     ):
         super().__init__()
         self.positive = True  # log J is real: J(x) > 0
         self.translation_period = (1, 1)  # depends on displacements only
-        pair_class, n_classes = pair_classes(lattice_shape, pbc)
+        pair_class, n_classes = pair_classes(lattice_shape, pbc, n_basis)
         self.register_buffer("pair_class", torch.as_tensor(pair_class), persistent=False)
         self.v = nn.Parameter(torch.zeros(n_classes, dtype=torch.float64))
         if local_states is None:

@@ -1,9 +1,12 @@
 """Cut a lattice configuration into patches, and the geometry of the patch lattice.
 
-Sites are numbered row-major, site ``(x, y)`` is ``x + Lx * y``, so the flat site axis reads
-``(y x)``. A patch is a ``bx × by`` block of sites (``by = 1`` on a chain); patches are numbered
-row-major on the patch lattice of extent ``(Px, Py) = (Lx / bx, Ly / by)``, patch ``(px, py)``
-being ``px + Px * py``, and the sites inside a patch are listed row-major as well, ``(by bx)``.
+Sites are numbered cell by cell, row-major, then by basis index inside a cell: site ``b`` of
+cell ``(x, y)`` is ``n_basis · (x + Lx · y) + b``, so the flat site axis reads ``(y x b)`` (on
+a chain or a square ``n_basis = 1`` and site ``(x, y)`` is ``x + Lx * y``). A patch is a
+``bx × by`` block of cells with all their basis sites (``by = 1`` on a chain); patches are
+numbered row-major on the patch lattice of extent ``(Px, Py) = (Lx / bx, Ly / by)``, patch
+``(px, py)`` being ``px + Px * py``, and the sites inside a patch are listed in the same
+order, ``(by bx b)``.
 """
 
 from __future__ import annotations
@@ -25,12 +28,18 @@ class PatchGrid:
     """The patch lattice of a chain or square lattice.
 
     Args:
-        lattice_shape: ``(L,)`` or ``(Lx, Ly)``.
-        patch_size: ``b`` (the same along every axis) or one size per lattice axis, x first.
-            Each size must divide the lattice extent along its axis.
+        lattice_shape: ``(L,)`` or ``(Lx, Ly)`` unit cells.
+        patch_size: ``b`` (the same along every axis) or one size per lattice axis, x first,
+            in cells. Each size must divide the lattice extent along its axis.
+        n_basis: sites per unit cell.
     """
 
-    def __init__(self, lattice_shape: tuple[int, ...], patch_size: int | tuple[int, ...]):
+    def __init__(
+        self,
+        lattice_shape: tuple[int, ...],
+        patch_size: int | tuple[int, ...],
+        n_basis: int = 1,
+    ):
         lx, ly = lattice_extent(lattice_shape)
         ndim = len(lattice_shape)
         sizes = (patch_size,) * ndim if np.ndim(patch_size) == 0 else tuple(patch_size)
@@ -49,6 +58,7 @@ class PatchGrid:
         self.lattice_extent = (lx, ly)
         self.patch_extent = (bx, by)
         self.grid_extent = (lx // bx, ly // by)
+        self.n_basis = check_positive_int("n_basis", n_basis)
 
     @property
     def n_patches(self) -> int:
@@ -57,15 +67,16 @@ class PatchGrid:
     @property
     def patch_len(self) -> int:
         """Returns the number of sites in one patch."""
-        return self.patch_extent[0] * self.patch_extent[1]
+        return self.patch_extent[0] * self.patch_extent[1] * self.n_basis
 
     def split(self, x):
         """Returns patches ``(batch, n_patches, patch_len)`` of ``x`` ``(batch, n_sites)``."""
         (bx, by), (px, py) = self.patch_extent, self.grid_extent
+        row = bx * self.n_basis  # the sites of one patch's row of cells are consecutive
         if by == 1:  # a chain, or patches one row high: consecutive sites, a view
-            return x.reshape(x.shape[0], px * py, bx)
-        blocks = x.reshape(x.shape[0], py, by, px, bx).transpose(2, 3)  # (batch, py, px, by, bx)
-        return blocks.reshape(x.shape[0], py * px, by * bx)
+            return x.reshape(x.shape[0], px * py, row)
+        blocks = x.reshape(x.shape[0], py, by, px, row).transpose(2, 3)  # (batch, py, px, by, row)
+        return blocks.reshape(x.shape[0], py * px, by * row)
 
     def patch_coords(self) -> np.ndarray:
         """Returns the coordinates ``(n_patches, 2)`` of each patch on the patch lattice."""

@@ -36,12 +36,13 @@ class SimpleViT(nn.Module):
         patch_size: int | tuple[int, ...] = ModelConfig.patch_size,
         d_model: int = ModelConfig.d_model,
         heads: int = ModelConfig.heads,
+        n_basis: int = 1,
     ):
         super().__init__()
         d_model = check_positive_int("d_model", d_model)
         heads = check_positive_int("heads", heads)
         check_heads_divide(d_model, heads)
-        self.grid = PatchGrid(lattice_shape, patch_size)
+        self.grid = PatchGrid(lattice_shape, patch_size, n_basis)
         self.embed = nn.Linear(self.grid.patch_len, d_model)
         self.attention = FullAttention(self.grid, d_model, heads, translation_invariant=False)
         nn.init.normal_(self.attention.to_out.weight, std=OUT_INIT_STD)

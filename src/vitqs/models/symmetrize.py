@@ -170,7 +170,7 @@ def coset_translations(model: nn.Module, lattice) -> np.ndarray:
     average over every translation of ``lattice``: one per coset of the translations that
     ``model`` is invariant under (its ``translation_period``), or all of them."""
     table = lattice.translations
-    period = getattr(model, "translation_period", None) if lattice.pbc else None
+    period = getattr(model, "translation_period", None)
     if period is None:
         return table
     dx, dy = _shift_vectors(lattice)
@@ -178,9 +178,10 @@ def coset_translations(model: nn.Module, lattice) -> np.ndarray:
 
 
 def _shift_vectors(lattice) -> tuple[np.ndarray, np.ndarray]:
-    """Returns the shift ``(dx, dy)`` of each row of ``lattice.translations``."""
-    t = np.arange(len(lattice.translations))
-    return t % lattice.extent[0], t // lattice.extent[0]
+    """Returns the cell shift ``(dx, dy)`` of each row of ``lattice.translations`` (only
+    along the periodic axes)."""
+    shifts = lattice.translation_shifts
+    return shifts[:, 0], shifts[:, 1]
 
 
 def invariances(model: nn.Module, lattice) -> tuple[np.ndarray, int]:
@@ -203,7 +204,7 @@ def invariances(model: nn.Module, lattice) -> tuple[np.ndarray, int]:
             return lattice.translations, spin_flip
         model = model.model
     table = lattice.translations
-    period = getattr(model, "translation_period", None) if lattice.pbc else None
+    period = getattr(model, "translation_period", None)
     if period is None:
         return table[:1], spin_flip
     dx, dy = _shift_vectors(lattice)

@@ -152,7 +152,7 @@ class ViT(nn.Module):
     translations of the lattice by whole patches; symmetrize for the remaining ones.
 
     Args:
-        lattice_shape: ``(L,)`` or ``(Lx, Ly)``.
+        lattice_shape: ``(L,)`` or ``(Lx, Ly)`` unit cells.
         patch_size: ``b`` along every axis, or one size per axis (x first); must divide the
             lattice extent.
         d_model: width of the patch vectors.
@@ -163,7 +163,9 @@ class ViT(nn.Module):
         embedding: "linear" or "onehot" (over ``local_states``).
         local_states: the values a site can take, for the one-hot embedding.
         jastrow: add the log of a two-body ``Jastrow`` factor.
-        pbc: boundary conditions of the Jastrow factor's displacements.
+        pbc: boundary conditions of the Jastrow factor's displacements (one bool, or one
+            per axis).
+        n_basis: sites per unit cell; a patch holds all sites of its cells.
         head_init_std: std of the head's complex output weights at initialisation.
         positive: a real head, ``ψ(x) > 0`` (see ``LogCoshHead``); the Jastrow factor is real
             already. ``log_derivatives`` then skips the imaginary part.
@@ -184,6 +186,7 @@ class ViT(nn.Module):
         pbc: bool = True,
         head_init_std: float = ModelConfig.head_init_std,
         positive: bool = ModelConfig.positive,
+        n_basis: int = 1,
     ):
         super().__init__()
         self.positive = bool(positive)
@@ -194,7 +197,7 @@ class ViT(nn.Module):
         check_heads_divide(d_model, heads)
         if isinstance(layers, bool) or int(layers) != layers or layers < 0:
             raise ValueError(f"model.layers={layers!r} must be a non-negative integer")
-        self.grid = PatchGrid(lattice_shape, patch_size)
+        self.grid = PatchGrid(lattice_shape, patch_size, n_basis)
         # shifts (x, y) that leave log ψ unchanged on a periodic lattice (all multiples of it)
         self.translation_period = self.grid.patch_extent if translation_invariant else None
         self.embed = PatchEmbedding(self.grid.patch_len, d_model, embedding, tuple(local_states))
@@ -220,7 +223,7 @@ class ViT(nn.Module):
             # occupations (more than two values): a free on-site table u(n), see ``Jastrow``;
             # two-valued sites keep g x², since any Σ_i u(x_i) is then fixed by N or S^z
             table = tuple(local_states) if len(local_states) > 2 else None
-            self.jastrow = Jastrow(lattice_shape, pbc, local_states=table)
+            self.jastrow = Jastrow(lattice_shape, pbc, local_states=table, n_basis=n_basis)
         self.double()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

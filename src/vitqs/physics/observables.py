@@ -33,15 +33,15 @@ class Estimate:
 
 
 def momenta(lattice) -> np.ndarray:
-    """Returns the lattice momenta ``(n_sites, ndim)``: ``q = 2π (n_x/L_x, n_y/L_y)``, row-major."""
-    grids = [2 * np.pi * np.arange(n) / n for n in lattice.shape]
-    mesh = np.meshgrid(*grids, indexing="xy")
-    return np.stack([m.reshape(-1) for m in mesh], axis=1)
+    """Returns the lattice momenta ``(n_cells, space_dim)``, row-major: on a chain or a square
+    ``q = 2π (n_x/L_x, n_y/L_y)``, on a lattice with a basis those of its cell lattice
+    (`Lattice.momenta`)."""
+    return lattice.momenta()
 
 
 def fourier_phases(lattice) -> np.ndarray:
-    """Returns ``e^{iq·r_i} / √N`` ``(n_q, N)``."""
-    return np.exp(1j * momenta(lattice) @ lattice.coords.T) / np.sqrt(lattice.n_sites)
+    """Returns ``e^{iq·r_i} / √N`` ``(n_q, N)`` at the sites' real-space positions."""
+    return np.exp(1j * momenta(lattice) @ lattice.positions.T) / np.sqrt(lattice.n_sites)
 
 
 def structure_factor(lattice, correlations: np.ndarray) -> np.ndarray:
@@ -68,7 +68,7 @@ def condensate_estimators(
     in ρ and so unbiased: that is ``condensate_fraction`` then; otherwise it is the largest
     eigenvalue, which is always reported beside it for comparison.
     """
-    applies = translation_invariant and hamiltonian.lattice.pbc and hamiltonian.J > 0
+    applies = translation_invariant and hamiltonian.lattice.periodic and hamiltonian.J > 0
     return {
         "condensate_fraction": k0 if applies else largest,
         "condensate_fraction_max_eigenvalue": largest,

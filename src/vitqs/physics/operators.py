@@ -156,6 +156,10 @@ class Hamiltonian(ABC):
         return self.to_sparse().toarray()
 
 
+def _pbc_text(pbc) -> str:
+    return str(pbc[0]).lower() if len(set(pbc)) == 1 else str([bool(p) for p in pbc]).lower()
+
+
 class Heisenberg(Hamiltonian):
     """Spin-1/2 J1-J2 Heisenberg model, ``H = J1 Σ_<ij> S_i·S_j + J2 Σ_<<ij>> S_i·S_j``, S = σ/2.
 
@@ -168,6 +172,8 @@ class Heisenberg(Hamiltonian):
     Args:
         lattice: the lattice; J1 on its order-1 bonds, J2 on its order-2 bonds.
         J1, J2: couplings.
+        J_leg, J_rung: on a ladder, the order-1 couplings along and across the legs (None:
+            J1).
         sign_rule: apply the Marshall sign on J1 bonds (bipartite lattices only).
         total_sz: the S^z sector.
     """
@@ -179,27 +185,45 @@ class Heisenberg(Hamiltonian):
         J2: float = HeisenbergConfig.J2,
         sign_rule: bool = HeisenbergConfig.sign_rule,
         total_sz: float = HeisenbergConfig.total_sz,
+        J_leg: float | None = HeisenbergConfig.J_leg,
+        J_rung: float | None = HeisenbergConfig.J_rung,
     ):
         if sign_rule and not lattice.is_bipartite():
             raise ValueError(
                 "hamiltonian.sign_rule=true needs a bipartite lattice; "
-                f"shape={list(lattice.shape)} with pbc={lattice.pbc} is not "
-                "(use even extents or open boundaries)"
+                f"{lattice.kind} shape={list(lattice.shape)} with pbc={_pbc_text(lattice.pbc)} "
+                "is not (use even extents or open boundaries on a chain or square, or a "
+                "honeycomb or ladder)"
+            )
+        if (J_leg is not None or J_rung is not None) and lattice.kind != "ladder":
+            raise ValueError(
+                f"hamiltonian.J_leg/J_rung couple a ladder; lattice.kind={lattice.kind} has J1 "
+                "and J2 only"
             )
         self.lattice = lattice
         self.hilbert = SpinHalf(lattice.n_sites, total_sz)
         self.J1, self.J2, self.sign_rule = float(J1), float(J2), bool(sign_rule)
-        bonds1 = lattice.bonds(1)
+        self.J_leg = None if J_leg is None else float(J_leg)
+        self.J_rung = None if J_rung is None else float(J_rung)
+        bonds1, coupling1 = self._order_one_bonds(lattice)
         bonds2 = lattice.bonds(2) if self.J2 != 0.0 else np.zeros((0, 2), dtype=np.int64)
         self._src = np.concatenate([bonds1[:, 0], bonds2[:, 0]])
         self._dst = np.concatenate([bonds1[:, 1], bonds2[:, 1]])
-        self._coupling = np.concatenate(
-            [np.full(len(bonds1), self.J1), np.full(len(bonds2), self.J2)]
-        )
-        exchange1 = -self.J1 if self.sign_rule else self.J1
-        self._exchange = (
-            np.concatenate([np.full(len(bonds1), exchange1), np.full(len(bonds2), self.J2)]) / 2
-        )
+        self._coupling = np.concatenate([coupling1, np.full(len(bonds2), self.J2)])
+        # the Marshall rotation flips the sign of every exchange between the two sublattices
+        exchange1 = -coupling1 if self.sign_rule else coupling1
+        self._exchange = np.concatenate([exchange1, np.full(len(bonds2), self.J2)]) / 2
+
+    def _order_one_bonds(self, lattice: Lattice) -> tuple[np.ndarray, np.ndarray]:
+        """Returns the order-1 bonds and their couplings: J1, or a ladder's J_leg / J_rung."""
+        if lattice.kind != "ladder":
+            bonds = lattice.bonds(1)
+            return bonds, np.full(len(bonds), self.J1)
+        legs, rungs = lattice.ladder_bonds()
+        j_leg = self.J1 if self.J_leg is None else self.J_leg
+        j_rung = self.J1 if self.J_rung is None else self.J_rung
+        couplings = np.concatenate([np.full(len(legs), j_leg), np.full(len(rungs), j_rung)])
+        return np.concatenate([legs, rungs]), couplings
 
     def infinite_temperature_energy(self) -> float:
         """Returns 0: every ``S_i·S_j`` is traceless on the spin space, as in the published
@@ -228,6 +252,8 @@ class Heisenberg(Hamiltonian):
             "lattice": self.lattice.describe(),
             "J1": self.J1,
             "J2": self.J2,
+            **({"J_leg": self.J_leg} if self.J_leg is not None else {}),
+            **({"J_rung": self.J_rung} if self.J_rung is not None else {}),
             "sign_rule": self.sign_rule,
             "total_sz": self.hilbert.total_sz,
         }

@@ -68,16 +68,16 @@ def reference_energy(hamiltonian) -> Reference | None:
     ferromagnetic or zero J1, or a lattice nobody has published."""
     lattice, hilbert = getattr(hamiltonian, "lattice", None), getattr(hamiltonian, "hilbert", None)
     J1, J2 = getattr(hamiltonian, "J1", None), getattr(hamiltonian, "J2", None)
-    if J1 is None or J2 is None or not lattice.pbc or not J1 > 0:
+    if J1 is None or J2 is None or not lattice.periodic or not J1 > 0:
         return None
     if getattr(hilbert, "total_sz", None) != 0.0:
         return None
     n_sites = lattice.n_sites
-    if lattice.ndim == 1 and J2 == 0.0 and n_sites % 2 == 0 and n_sites >= 4:
+    if lattice.kind == "chain" and J2 == 0.0 and n_sites % 2 == 0 and n_sites >= 4:
         # L = 2 is left out: the formula counts the ring's bond twice, the lattice once
         return Reference(heisenberg_chain_energy(n_sites, J1), BETHE_ANSATZ)
     for entry in PUBLISHED:
         same_ratio = math.isclose(J2 / J1, entry.J2_over_J1, rel_tol=0, abs_tol=1e-12)
-        if lattice.shape == entry.shape and same_ratio:
+        if lattice.kind == "square" and lattice.shape == entry.shape and same_ratio:
             return Reference(entry.energy_per_site * J1 * n_sites, f"published: {entry.source}")
     return None

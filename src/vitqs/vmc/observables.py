@@ -71,7 +71,9 @@ def _pairs(n_sites: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     return i, j
 
 
-def spin_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[str, Estimate]:
+def spin_observables(
+    hamiltonian, model, samples, *, chunk_size=None, translation_invariant=False
+) -> dict[str, Estimate]:
     """Returns ``spin_correlations`` ``(N, N)`` and ``structure_factor`` ``(n_q,)`` estimates.
 
     Args:
@@ -79,13 +81,18 @@ def spin_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[st
         model: ``(B, N) -> log ψ (B,)``.
         samples: `Samples` of ``|ψ|²`` with ``log_psi``.
         chunk_size: samples whose exchanged configurations are evaluated at once.
+        translation_invariant: ψ is invariant under every translation of a periodic lattice.
+            Then ``⟨S_i·S_j⟩`` depends on the pair's orbit only, and only the rows of the
+            first cell's sites are sampled (``n_basis · N`` pairs, not ``N²/2``: 32× fewer
+            on a 64-site chain); the others are filled in by translation.
     """
     lattice = hamiltonian.lattice
     sign = pair_signs(lattice, hamiltonian.sign_rule)
     phases = torch.as_tensor(fourier_phases(lattice), device=samples.x.device)
+    orbit = _pair_orbit_table(lattice) if translation_invariant and lattice.periodic else None
 
     def local_values(x, log_psi, chunk):
-        corr = _spin_correlation_values(model, x, log_psi, sign, chunk)  # (B, N, N)
+        corr = _spin_correlation_values(model, x, log_psi, sign, chunk, orbit)  # (B, N, N)
         s_q = torch.einsum("qi,bij,qj->bq", phases, corr.to(phases.dtype), phases.conj()).real
         return [corr, s_q]
 
@@ -94,10 +101,23 @@ def spin_observables(hamiltonian, model, samples, *, chunk_size=None) -> dict[st
     return {"spin_correlations": corr, "structure_factor": s_q}
 
 
-def _spin_correlation_values(model, x, log_psi, sign, chunk_size) -> torch.Tensor:
-    """Returns the local values of ``S_i·S_j`` ``(B, N, N)`` real."""
+def _pair_orbit_table(lattice) -> tuple[np.ndarray, np.ndarray]:
+    """Returns ``(row, column)`` ``(N, N)``: the pair ``(row[a, b], column[a, b])`` with ``row``
+    a site of the first cell that a translation maps onto ``(a, b)``."""
+    cell = np.arange(lattice.n_sites) // lattice.n_basis  # on a periodic lattice: its shift
+    row = np.broadcast_to(lattice.basis_index[:, None], (lattice.n_sites,) * 2)
+    column = lattice.translations[cell]  # translations[t][b]: b shifted back by a's cell
+    return np.ascontiguousarray(row), column
+
+
+def _spin_correlation_values(model, x, log_psi, sign, chunk_size, orbit=None) -> torch.Tensor:
+    """Returns the local values of ``S_i·S_j`` ``(B, N, N)`` real: of every pair, or with
+    ``orbit`` (`_pair_orbit_table`) of the first cell's rows, spread over their orbits."""
     n_sites = x.shape[1]
     i, j = _pairs(n_sites, x.device)
+    if orbit is not None:  # only the pairs (first-cell site, any later site)
+        first = int(orbit[0].max()) + 1
+        i, j = i[i < first], j[i < first]
     x_conn = x.unsqueeze(1).repeat(1, len(i), 1)  # (B, P, N)
     pair = torch.arange(len(i), device=x.device)
     x_conn[:, pair, i], x_conn[:, pair, j] = x[:, j], x[:, i]
@@ -109,6 +129,9 @@ def _spin_correlation_values(model, x, log_psi, sign, chunk_size) -> torch.Tenso
     corr[:, i, j] += off
     corr[:, j, i] += off
     corr[:, torch.arange(n_sites), torch.arange(n_sites)] = 0.75
+    if orbit is not None:
+        row, column = (torch.as_tensor(t, device=x.device) for t in orbit)
+        corr = corr[:, row, column]
     return corr
 
 
