@@ -37,7 +37,13 @@ SYSTEMS = [
     ("kagome 2x3 Heisenberg", "kagome", (2, 3), {"J1": 1.0}),
     ("ladder L = 10, J_rung = J_leg", "ladder", (10, 2), {"J1": 1.0}),
     ("Bose-Hubbard triangular 3x3, N = 9, U = 10", "triangular", (3, 3), {"U": 10.0, "n": 9}),
-    ("Bose-Hubbard honeycomb 2x3, N = 12, U = 10", "honeycomb", (2, 3), {"U": 10.0, "n": 12}),
+    # n_max = 3: NetKet cannot index the Fock space of 12 sites with up to 12 bosons each
+    (
+        "Bose-Hubbard honeycomb 2x3, N = 12, U = 10, n_max = 3",
+        "honeycomb",
+        (2, 3),
+        {"U": 10.0, "n": 12, "n_max": 3},
+    ),
 ]
 
 
@@ -115,18 +121,22 @@ def build(kind, shape, arguments):
     lattice = Lattice(shape, True, kind=kind)
     if "U" in arguments:
         n = arguments["n"]
-        return BoseHubbard(lattice, J=1.0, U=arguments["U"], n_particles=n, n_max=n)
+        n_max = arguments.get("n_max", n)
+        return BoseHubbard(lattice, J=1.0, U=arguments["U"], n_particles=n, n_max=n_max)
     return Heisenberg(lattice, **arguments)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON line per system")
+    parser.add_argument("--only", nargs="+", metavar="WORD", help="systems whose label has these")
     args = parser.parse_args(argv)
     if not args.json:
         print("| system | sites | dimension | ours E/N | netket E/N | abs. difference |")
         print("|---|---|---|---|---|---|")
     for label, kind, shape, arguments in SYSTEMS:
+        if args.only and not all(word in label for word in args.only):
+            continue
         hamiltonian = build(kind, shape, arguments)
         start = time.perf_counter()
         ours = exact.ground_state(hamiltonian, max_dim=10**7, use_cache=False)

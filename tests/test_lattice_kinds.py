@@ -193,3 +193,52 @@ def test_ladder_couplings_only_on_a_ladder():
 
     with pytest.raises(ValueError, match="J_leg/J_rung couple a ladder"):
         Heisenberg(Lattice((4, 4), True), J_rung=0.5)
+
+
+# ---------------------------------------------------------------- through the command line
+@pytest.mark.parametrize(
+    "lattice, hamiltonian",
+    [
+        ({"kind": "kagome", "shape": [2, 2]}, {"kind": "heisenberg", "J1": 1.0}),
+        (
+            {"kind": "ladder", "shape": [4, 2]},
+            {"kind": "heisenberg", "J1": 1.0, "J_rung": 0.5, "sign_rule": True},
+        ),
+        (
+            {"kind": "triangular", "shape": [3, 2]},
+            {"kind": "bose_hubbard", "J": 1.0, "U": 4.0, "n_particles": 6},
+        ),
+    ],
+    ids=["kagome", "ladder", "triangular_bosons"],
+)
+def test_a_run_on_each_kind_measures_against_its_ed(tmp_path, capsys, lattice, hamiltonian):
+    from helpers import last_json, run_main, tiny_heisenberg, write_config
+
+    from vitqs.build import build_hamiltonian
+    from vitqs.config import load
+    from vitqs.physics import exact
+
+    data = tiny_heisenberg(tmp_path / "out", lattice=lattice)
+    data["hamiltonian"] = hamiltonian
+    data["model"].update(patch_size=1, symmetrize="space_group")
+    data["final"].update(symmetrize="space_group")
+    path = write_config(tmp_path / "lattice.yaml", data)
+    code, out, err = run_main(capsys, "ed", path, "--json")
+    assert code == 0, err
+    summary = last_json(out)
+    n_sites = Lattice(tuple(lattice["shape"]), True, kind=lattice["kind"]).n_sites
+    assert summary["lattice"] == {
+        "kind": lattice["kind"],
+        "shape": lattice["shape"],
+        "pbc": [True, False] if lattice["kind"] == "ladder" else [True, True],
+        "n_sites": n_sites,
+    }
+    expected = exact.ground_state(build_hamiltonian(load(path)), use_cache=False).energy
+    assert summary["energy"] == pytest.approx(expected, abs=1e-10)
+    code, out, err = run_main(capsys, "run", path, "--json", "--quiet")
+    assert code == 0, err
+    result = last_json(out)
+    assert result["exact_energy"] == pytest.approx(expected, abs=1e-10)
+    assert (
+        np.isfinite(result["energy"]) and result["energy"] >= expected - 6 * result["energy_error"]
+    )

@@ -6,8 +6,10 @@ import torch
 from helpers import ComplexRBM, model_vector
 from scipy.stats import chisquare
 
+from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.estimators import importance_weights, sample_statistics
 from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 
 # A histogram is rejected below this p-value; seeds are fixed, so the test is deterministic.
@@ -249,3 +251,61 @@ def test_started_chains_run_on_from_the_given_configurations_with_the_sampler_s_
     for wrong in (magnetised, given[:, :5]):
         with pytest.raises(ValueError, match="not states of this sector"):
             started.start_chains(wrong)
+
+
+def test_bare_chains_weighted_to_the_symmetrized_distribution():
+    """Chains on the bare network of a translation average, each sample weighted by
+    |ψ_sym|²/|φ|²: the weighted histogram is |ψ_sym|²/Σ|ψ_sym|², and the samples' log ψ
+    are the average's."""
+    hamiltonian = Heisenberg(Lattice((6,)))
+    hilbert = hamiltonian.hilbert
+    # a bare network that is nowhere near zero where the average is not: the weights stay
+    # bounded (a bare network that vanishes on part of the average's support is the case
+    # bare chains cannot handle, see the README)
+    bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=5)
+    model = Symmetrized(bare, Lattice((6,)).translations[:3], spin_flip=1)
+    n_chains = 8000
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, seed=11,
+        bare_chains=True,
+    )  # fmt: skip
+    samples = sampler.sample(model)
+    x = samples.x[:, 0]
+    with torch.no_grad():
+        torch.testing.assert_close(samples.log_psi[:, 0], model(x), rtol=0, atol=1e-12)
+        expected_log_w = 2 * model(x).real - 2 * bare(x).real
+    torch.testing.assert_close(samples.log_importance[:, 0], expected_log_w, rtol=0, atol=1e-12)
+    # the chains drew |φ|²: their histogram is the bare network's
+    counts = np.bincount(hilbert.state_index(x), minlength=hilbert.dimension)
+    bare_p = np.abs(model_vector(bare, hilbert)) ** 2
+    assert chisquare(counts, n_chains * bare_p / bare_p.sum()).pvalue > P_VALUE_THRESHOLD
+    # weighted, they give the averaged network's |ψ_sym|²: compare expectation values of
+    # the sector's indicator functions, within a few standard errors
+    w = importance_weights(samples.log_importance).reshape(-1).numpy()
+    sym_p = np.abs(model_vector(model, hilbert)) ** 2
+    sym_p /= sym_p.sum()
+    index = hilbert.state_index(x)
+    weighted = np.bincount(index, weights=w, minlength=hilbert.dimension)
+    # standard error of each weighted frequency: sqrt(Σ w² (1[x = s] − p_s)²)
+    spread = np.sqrt(
+        np.bincount(index, weights=w**2, minlength=hilbert.dimension) * (1 - sym_p) ** 2
+        + (np.sum(w**2) - np.bincount(index, weights=w**2, minlength=hilbert.dimension)) * sym_p**2
+    )
+    assert np.all(np.abs(weighted - sym_p) <= 5 * spread + 1e-12)
+    assert np.abs(weighted - sym_p).sum() > 0  # a Monte Carlo estimate, not the exact sum
+
+
+def test_bare_chains_measure_the_symmetrized_energy_within_error_bars():
+    hamiltonian = Heisenberg(Lattice((6,)))
+    bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=2)
+    model = Symmetrized(bare, Lattice((6,)).translations, spin_flip=1)
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=4096, n_chains=256, n_discard=20, seed=3, bare_chains=True
+    )
+    samples = sampler.sample(model)
+    e_loc = sampler.local_energy(hamiltonian, model, samples)
+    stats = sample_statistics(e_loc, samples)
+    vector = model_vector(model, hamiltonian.hilbert)
+    exact = np.vdot(vector, hamiltonian.to_sparse() @ vector).real / np.vdot(vector, vector).real
+    assert abs(stats.mean.real - exact) < 4 * stats.error_of_mean
+    assert sampler.measuring().bare_chains is False  # the final energy samples |ψ|² itself

@@ -101,6 +101,7 @@ def build_sampler(config: Config, hamiltonian, model=None):
             seed=config.seed + 1,
             dtype=_torch_dtype(cfg.dtype),
             machine_pow=cfg.machine_pow,
+            bare_chains=cfg.bare_chains,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None

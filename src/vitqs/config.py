@@ -378,6 +378,11 @@ class SamplerConfig(Section):
     # energies, gradients and S remain those of |ψ|²: below 2, a peaked |ψ|² (a Mott
     # insulator) is sampled more evenly. The final energy samples |ψ|² itself (Metropolis only)
     machine_pow: float = option(2.0, real(positive=True))
+    # Metropolis chains on the network under model.symmetrize / model.spin_flip, not on the
+    # average itself: each proposal costs one forward pass instead of one per symmetry copy,
+    # and every kept sample x is weighted by |ψ_sym(x)|²/|φ(x)|^machine_pow, so energies,
+    # gradients and S stay those of |ψ_sym|². The final measurement samples |ψ|² itself
+    bare_chains: bool = option(False, boolean())
     # more samples late in the run: n_samples_late per step once late_fraction of n_iter (or
     # of optimizer.max_seconds, whichever comes first) has passed
     n_samples_late: int | None = option(None, optional(integer(1)))
@@ -707,6 +712,12 @@ def _check_metropolis_only(config: Config) -> None:
     """Raises for a key away from its default that only Monte Carlo sampling uses (null, the
     model's own dtype for the two network copies, is never an error)."""
     sampler = config.sampler
+    if sampler.bare_chains and config.model.symmetrize == "none" and not config.model.spin_flip:
+        raise ConfigError(
+            "sampler.bare_chains=true runs the chains on the network under model.symmetrize or "
+            "model.spin_flip; with neither there is no other network (set sampler.bare_chains: "
+            "false)"
+        )
     if sampler.kind == "metropolis":
         return
     keys = [  # (key, value, default, why a full sum has no use for it)
@@ -717,6 +728,7 @@ def _check_metropolis_only(config: Config) -> None:
             "a full sum's gradient is exact and has no outliers to cut",
         ),
         ("sampler.dtype", sampler.dtype, SamplerConfig.dtype, "a full sum runs no chains"),
+        ("sampler.bare_chains", sampler.bare_chains, False, "a full sum runs no chains"),
         (
             "sampler.machine_pow",
             sampler.machine_pow,

@@ -52,6 +52,7 @@ import torch
 from vitqs.config import BOSON_RULES, RULES, SPIN_RULES, SamplerConfig
 from vitqs.distributed import gather_rows, rank, reduce_sum, world_size
 from vitqs.models.precision import NetworkCopy
+from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.symmetry import sector_orbits
 from vitqs.vmc.estimators import distinct_rows, evaluate_log_psi, local_energy
@@ -228,6 +229,7 @@ class MetropolisSampler(Sampler):
         seed: int = 0,
         dtype: torch.dtype | None = None,
         machine_pow: float = SamplerConfig.machine_pow,
+        bare_chains: bool = SamplerConfig.bare_chains,
     ):
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
@@ -251,6 +253,7 @@ class MetropolisSampler(Sampler):
         if not (math.isfinite(machine_pow) and machine_pow > 0):
             raise ValueError(f"sampler.machine_pow={machine_pow} must be a positive number")
         self.machine_pow = float(machine_pow)
+        self.bare_chains = bool(bare_chains)
         self._generator: torch.Generator | None = None
         self._chains: torch.Tensor | None = None
         self._pending_state: dict | None = None
@@ -278,11 +281,12 @@ class MetropolisSampler(Sampler):
 
     def of_psi_squared(self) -> MetropolisSampler:
         """Returns a sampler of ``|ψ|²`` itself that carries on these chains: this one when
-        ``machine_pow`` is 2, else a shallow copy (the same generator) with 2."""
-        if self.machine_pow == 2.0:
+        ``machine_pow`` is 2 and the chains run on ψ, else a shallow copy (the same
+        generator) with 2 and chains on ψ."""
+        if self.machine_pow == 2.0 and not self.bare_chains:
             return self
         plain = copy.copy(self)
-        plain.machine_pow = 2.0
+        plain.machine_pow, plain.bare_chains = 2.0, False
         return plain
 
     # ---------------------------------------------------------------- state
@@ -402,7 +406,9 @@ class MetropolisSampler(Sampler):
         device, dtype = _model_device_dtype(model)
         self._initialise(device, dtype)
         n_discard = self.n_discard if n_discard is None else n_discard
-        network = self._network_of_chains(model)
+        # bare chains: on the network under a symmetry average, n_copies times cheaper
+        chained = model.model if self.bare_chains and isinstance(model, Symmetrized) else model
+        network = self._network_of_chains(chained)
         x = self._chains
         log_psi = evaluate_log_psi(network, x)  # cached for the current chain states
         accepted = torch.zeros((), dtype=torch.int64, device=device)
@@ -424,6 +430,7 @@ class MetropolisSampler(Sampler):
             samples_x[:, s] = x
             samples_log_psi[:, s] = log_psi
         self._chains = x
+        chain_log_psi = samples_log_psi  # of the network the chains ran on
         if network is not model:  # the kept samples' log ψ from the model itself
             flat = samples_x.reshape(-1, self.n_sites)
             samples_log_psi = _log_psi_of_distinct(model, flat).reshape(samples_x.shape[:2])
@@ -434,7 +441,10 @@ class MetropolisSampler(Sampler):
         total = reduce_sum(counts)
         acceptance = float(total[0] / total[1])  # the one host-device sync of the call
         log_importance = None
-        if self.machine_pow != 2.0:
+        if chained is not model:  # the chains drew |φ|^p of their own network: weigh |ψ|²/|φ|^p
+            log_importance = 2.0 * samples_log_psi.real.to(torch.float64)
+            log_importance -= self.machine_pow * chain_log_psi.real.to(torch.float64)
+        elif self.machine_pow != 2.0:
             log_importance = (2.0 - self.machine_pow) * samples_log_psi.real.to(torch.float64)
         return Samples(samples_x, samples_log_psi, None, acceptance, log_importance)
 
