@@ -99,6 +99,11 @@ def _require_netket():
 def lattice_extent(system: dict) -> tuple[tuple[int, int], bool, int]:
     """Returns ``((Lx, Ly), pbc, ndim)`` of a system spec, ``Ly = 1`` for a chain."""
     lattice = system.get("lattice", {})
+    if lattice.get("kind") not in (None, "chain", "square") or isinstance(lattice.get("pbc"), list):
+        raise ValueError(
+            f"lattice.kind={lattice.get('kind')}, pbc={lattice.get('pbc')}: the netket peer runs "
+            "the tutorial's ViT on chains and square grids with one pbc for every axis only"
+        )
     shape = [int(s) for s in lattice.get("shape", [])]
     if len(shape) not in (1, 2) or any(s < 1 for s in shape):
         raise ValueError(f"lattice.shape={shape} must be [L] or [Lx, Ly] of positive extents")

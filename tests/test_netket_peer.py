@@ -193,3 +193,9 @@ def test_enumerated_energy_on_a_sector_netket_cannot_index(peer):
     energy = peer.enumerated_energy(vstate, hamiltonian, 1.0, 92_378)
     assert energy == pytest.approx(expected, rel=1e-12)
     assert peer.enumerated_energy(vstate, hamiltonian, 1.0, 92_377) is None
+
+
+def test_the_peer_refuses_lattices_it_would_build_as_squares(peer):
+    system = {"lattice": {"kind": "kagome", "shape": [2, 2]}, "hamiltonian": {"kind": "heisenberg"}}
+    with pytest.raises(ValueError, match="lattice.kind=kagome"):
+        peer.lattice_extent(system)
