@@ -762,3 +762,20 @@ def exact_cache_dir():
     from vitqs.physics.exact import default_cache_dir
 
     return default_cache_dir()
+
+
+def test_a_key_added_after_a_file_was_written_counts_as_its_default():
+    """A results file written before a config key existed resumes under the key's default
+    (the behaviour the code had then), and only under it."""
+    from vitqs.checkpoint import changed_keys
+    from vitqs.config import from_dict
+
+    current = from_dict(tiny_heisenberg("OUT")).to_dict()
+    older = {
+        section: dict(values) if isinstance(values, dict) else values
+        for section, values in current.items()
+    }
+    del older["sampler"]["bare_chains"], older["lattice"]["kind"]
+    assert changed_keys(older, current) == []
+    current["sampler"]["bare_chains"] = True
+    assert changed_keys(older, current) == ["sampler.bare_chains"]

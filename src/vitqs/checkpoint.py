@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from vitqs import results
-from vitqs.config import Config, ConfigError, keys_with
+from vitqs.config import Config, ConfigError, key_defaults, keys_with
 from vitqs.errors import first_line
 from vitqs.models import load_network_state
 from vitqs.models.symmetrize import Symmetrized
@@ -190,7 +190,12 @@ def config_changes(record: results.RunRecord, config: Config, *, ignoring=None) 
 
 
 def changed_keys(old: dict, new: dict, ignoring=None) -> list[str]:
+    """Returns the dotted keys whose value differs between two configs, but for
+    ``ignoring`` (the resumable keys by default). A key the old config lacks (a file written
+    before the key existed) counts as holding its default, which keeps the behaviour the
+    code had before it."""
     ignoring = keys_with("resumable") if ignoring is None else ignoring
     old, new = _flatten(old), _flatten(new)
+    defaults = key_defaults()
     keys = sorted(set(old) | set(new))
-    return [k for k in keys if old.get(k) != new.get(k) and k not in ignoring]
+    return [k for k in keys if old.get(k, defaults.get(k)) != new.get(k) and k not in ignoring]

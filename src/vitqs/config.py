@@ -534,6 +534,21 @@ def keys_with(rule: str) -> frozenset[str]:
     )
 
 
+def key_defaults() -> dict:
+    """Returns the default of every dotted key that has a plain default (not required),
+    over every section and both Hamiltonians."""
+    sections = [("", Config), *((f"{name}.", cls) for name, cls in _SECTIONS.items())]
+    sections += [("hamiltonian.", cls) for cls in _HAMILTONIANS.values()]
+    defaults = {}
+    for prefix, cls in sections:
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING and not f.metadata.get("required"):
+                defaults[f"{prefix}{f.name}"] = f.default
+            elif f.default_factory is not dataclasses.MISSING and prefix:
+                defaults[f"{prefix}{f.name}"] = f.default_factory()
+    return defaults
+
+
 # ---- building and validating --------------------------------------------------------------
 
 
