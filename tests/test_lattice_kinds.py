@@ -10,21 +10,6 @@ from vitqs.physics.lattice import Lattice
 nk = pytest.importorskip("netket")
 
 
-def _netket_lattice(kind, shape, pbc):
-    if kind == "chain":
-        return nk.graph.Chain(shape[0], pbc=pbc[0], max_neighbor_order=2)
-    if kind in ("square", "ladder"):
-        return nk.graph.Lattice(
-            basis_vectors=np.eye(2), extent=list(shape), pbc=list(pbc), max_neighbor_order=2
-        )
-    builder = {
-        "triangular": nk.graph.Triangular,
-        "honeycomb": nk.graph.Honeycomb,
-        "kagome": nk.graph.Kagome,
-    }[kind]
-    return builder(list(shape), pbc=list(pbc), max_neighbor_order=2)
-
-
 def _ours_of_netket(lattice, graph):
     """Returns our site index of each of NetKet's sites, matched by position."""
     ours = {tuple(np.round(p, 6)): i for i, p in enumerate(lattice.positions)}
@@ -56,8 +41,10 @@ CASES = [
 
 @pytest.mark.parametrize("kind, shape, periodic", CASES)
 def test_sites_and_bonds_are_netkets(kind, shape, periodic):
+    from lattice_ed_crosscheck import netket_graph
+
     lattice = Lattice(shape, periodic, kind=kind)
-    graph = _netket_lattice(kind, shape, lattice.pbc)
+    graph = netket_graph(lattice)
     assert graph.n_nodes == lattice.n_sites
     ours = _ours_of_netket(lattice, graph)
     assert sorted(ours.tolist()) == list(range(lattice.n_sites))  # a bijection of positions
