@@ -28,9 +28,8 @@ _FULL_SUM_MAX_DIM = 200_000
 
 def build_lattice(config: Config) -> Lattice:
     """Returns the lattice of ``config.lattice``."""
-    pbc = config.lattice.pbc
-    pbc = tuple(pbc) if isinstance(pbc, list) else pbc
-    return Lattice(tuple(config.lattice.shape), pbc=pbc, kind=config.lattice.kind)
+    cfg = config.lattice
+    return Lattice(tuple(cfg.shape), pbc=cfg.pbc, kind=cfg.kind)
 
 
 def build_hamiltonian(config: Config, lattice: Lattice | None = None):

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from vitqs import results
-from vitqs.config import Config, ConfigError, key_defaults, keys_with
+from vitqs.config import Config, ConfigError, default_lattice_kind, key_defaults, keys_with
 from vitqs.errors import first_line
 from vitqs.models import load_network_state
 from vitqs.models.symmetrize import Symmetrized
@@ -60,7 +60,7 @@ def _on_this_lattice(network_state: dict, record, config: Config, model, where: 
     stored = stored_config(record) or {}
     lattice = stored.get("lattice") if isinstance(stored.get("lattice"), dict) else {}
     shape = lattice.get("shape")
-    kind = lattice.get("kind") or ("chain" if shape is not None and len(shape) == 1 else "square")
+    kind = lattice.get("kind") or (default_lattice_kind(shape) if shape is not None else None)
     if shape is not None and kind != config.lattice.resolved_kind:
         raise ConfigError(
             f"{where}: that run is on a {kind}, lattice.shape={list(shape)}, this one on a "

@@ -85,6 +85,11 @@ def choice(*options):
     return check
 
 
+def default_lattice_kind(shape) -> str:
+    """Returns the kind of a lattice without ``kind``: a chain for one extent, else a square."""
+    return "chain" if len(shape) == 1 else "square"
+
+
 def bool_list(length=(1, 2)):
     def check(key, value):
         if not isinstance(value, (list, tuple)) or not (length[0] <= len(value) <= length[1]):
@@ -278,9 +283,7 @@ class LatticeConfig(Section):
     @property
     def resolved_kind(self) -> str:
         """Returns the kind, a chain or a square by the length of ``shape`` when unset."""
-        if self.kind is not None:
-            return self.kind
-        return "chain" if len(self.shape) == 1 else "square"
+        return default_lattice_kind(self.shape) if self.kind is None else self.kind
 
     @property
     def n_sites(self) -> int:

@@ -31,7 +31,7 @@ from functools import cached_property
 
 import numpy as np
 
-from vitqs.config import LATTICE_KINDS, LatticeConfig
+from vitqs.config import LATTICE_KINDS, LatticeConfig, default_lattice_kind
 
 _HALF_ROOT3 = np.sqrt(3.0) / 2
 # (Bravais vectors as rows, basis offsets as rows) per kind: NetKet's geometry, so positions
@@ -53,11 +53,6 @@ _GEOMETRY = {
 _TWO_DIMENSIONAL = ("square", "ladder", "triangular", "honeycomb", "kagome")
 _ATOL = 1e-6  # positions and distances are O(1): this tells equal from different
 _REACH = 3  # cell offsets searched for the neighbours of orders 1 and 2 (any kind here)
-
-
-def default_kind(shape) -> str:
-    """Returns the kind a lattice without ``kind`` has: a chain for one extent, else a square."""
-    return "chain" if len(shape) == 1 else "square"
 
 
 def pbc_per_axis(pbc, ndim: int, kind: str = "square") -> tuple[bool, ...]:
@@ -92,7 +87,7 @@ class Lattice:
 
     def __post_init__(self):
         shape = tuple(int(s) for s in self.shape)
-        kind = default_kind(shape) if self.kind is None else str(self.kind)
+        kind = default_lattice_kind(shape) if self.kind is None else str(self.kind)
         if kind not in LATTICE_KINDS:
             raise ValueError(f"lattice.kind={kind!r} is not one of {list(LATTICE_KINDS)}")
         dims = 1 if kind == "chain" else 2
@@ -403,7 +398,7 @@ class Lattice:
         square lattices keep the description they had before lattice kinds existed)."""
         pbc = self.pbc[0] if len(set(self.pbc)) == 1 else list(self.pbc)
         out = {"shape": list(self.shape), "pbc": pbc}
-        if self.kind != default_kind(self.shape):
+        if self.kind != default_lattice_kind(self.shape):
             out["kind"] = self.kind
         return out
 

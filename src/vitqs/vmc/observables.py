@@ -89,7 +89,11 @@ def spin_observables(
     lattice = hamiltonian.lattice
     sign = pair_signs(lattice, hamiltonian.sign_rule)
     phases = torch.as_tensor(fourier_phases(lattice), device=samples.x.device)
-    orbit = _pair_orbit_table(lattice) if translation_invariant and lattice.periodic else None
+    orbit = None
+    if translation_invariant and lattice.periodic:
+        orbit = tuple(
+            torch.as_tensor(t, device=samples.x.device) for t in _pair_orbit_table(lattice)
+        )
 
     def local_values(x, log_psi, chunk):
         corr = _spin_correlation_values(model, x, log_psi, sign, chunk, orbit)  # (B, N, N)
@@ -130,7 +134,7 @@ def _spin_correlation_values(model, x, log_psi, sign, chunk_size, orbit=None) ->
     corr[:, j, i] += off
     corr[:, torch.arange(n_sites), torch.arange(n_sites)] = 0.75
     if orbit is not None:
-        row, column = (torch.as_tensor(t, device=x.device) for t in orbit)
+        row, column = orbit
         corr = corr[:, row, column]
     return corr
 
