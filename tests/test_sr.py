@@ -93,6 +93,46 @@ def test_sr_and_minsr_give_the_same_update(n_samples, n_params, weighted):
         assert float((sr - minsr).norm() / sr.norm()) < 1e-10
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize(("n_samples", "n_params"), [(10, 60), (60, 10)])
+def test_spring_solves_the_least_squares_problem_pulled_towards_the_last_direction(
+    n_samples, n_params, weighted
+):
+    # SPRING's g minimises |X g − e|² + λ |g − μ g₋|²: the stacked least-squares problem
+    # [X; √λ I] g = [e; √λ μ g₋], solved here by numpy's lstsq, is the reference
+    jac, e_loc, weights = _random_problem(n_samples, n_params, seed=7, weighted=weighted)
+    previous = torch.randn(
+        n_params, generator=torch.Generator().manual_seed(8), dtype=torch.float64
+    )
+    momentum, diag_shift = 0.9, 5e-2
+    X, e = (t.numpy() for t in _scaled_centred(jac, e_loc, weights))
+    stacked = np.vstack([X, np.sqrt(diag_shift) * np.eye(n_params)])
+    target = np.concatenate([e, np.sqrt(diag_shift) * momentum * previous.numpy()])
+    expected = np.linalg.lstsq(stacked, target, rcond=None)[0]
+    plain = natural_gradient(jac, e_loc, diag_shift=diag_shift, weights=weights).numpy()
+    assert np.linalg.norm(plain - expected) > 1e-3 * np.linalg.norm(expected)  # μ matters
+    for method in ("sr", "minsr"):
+        g = natural_gradient(
+            jac,
+            e_loc,
+            diag_shift=diag_shift,
+            weights=weights,
+            method=method,
+            momentum=momentum,
+            previous=previous,
+        )
+        assert np.linalg.norm(g.numpy() - expected) < 1e-10 * np.linalg.norm(expected)
+
+
+def test_spring_without_a_last_direction_or_momentum_is_plain_sr():
+    jac, e_loc, _ = _random_problem(12, 30, seed=3, weighted=False)
+    plain = natural_gradient(jac, e_loc, diag_shift=1e-2)
+    first = natural_gradient(jac, e_loc, diag_shift=1e-2, momentum=0.9, previous=None)
+    off = natural_gradient(jac, e_loc, diag_shift=1e-2, momentum=0.0, previous=torch.ones(30))
+    torch.testing.assert_close(first, plain, rtol=0, atol=0)
+    torch.testing.assert_close(off, plain, rtol=0, atol=0)
+
+
 def test_auto_method_picks_the_smaller_solve_and_agrees():
     jac, e_loc, _ = _random_problem(8, 40, seed=1, weighted=False)
     auto = natural_gradient(jac, e_loc, diag_shift=1e-2)

@@ -609,6 +609,57 @@ def test_trust_bound_history_is_kept_in_checkpoints():
     assert resumed._recent_norms == []
 
 
+@pytest.mark.usefixtures("single_thread")
+def test_momentum_feeds_each_step_the_last_direction_and_resumes_identically():
+    def spring_vmc():
+        hamiltonian = Heisenberg(Lattice((6,)))
+        model = ComplexRBM(6, seed=21)
+        sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=22)
+        settings = OptimizerConfig(lr=0.05, n_iter=40, momentum=0.9, diag_shift=1e-2)
+        return model, VMC(hamiltonian, model, sampler, settings)
+
+    model, vmc = spring_vmc()
+    before = parameter_vector(model)
+    list(vmc.run(1))
+    first = vmc._direction
+    torch.testing.assert_close(before - 0.05 * first, parameter_vector(model))
+    list(vmc.run(5))
+    state = vmc.state_dict()
+    assert state["direction_before"] is not None
+    resumed_model, resumed = spring_vmc()
+    resumed_model.load_state_dict(model.state_dict())
+    resumed.load_state_dict(state)
+    resumed.sampler.load_state_dict(vmc.sampler.state_dict())
+    rng = torch.get_rng_state()
+    list(vmc.run(3))
+    torch.set_rng_state(rng)
+    list(resumed.run(3))
+    torch.testing.assert_close(parameter_vector(resumed_model), parameter_vector(model))
+    # without the stored direction the next step differs: the memory is in the checkpoint
+    forgetful_model, forgetful = spring_vmc()
+    forgetful_model.load_state_dict(resumed_model.state_dict())
+    forgetful.load_state_dict({**resumed.state_dict(), "direction": None})
+    forgetful.sampler.load_state_dict(resumed.sampler.state_dict())
+    torch.set_rng_state(rng)
+    list(resumed.run(1))
+    torch.set_rng_state(rng)
+    list(forgetful.run(1))
+    assert not torch.allclose(parameter_vector(forgetful_model), parameter_vector(resumed_model))
+
+
+def test_momentum_needs_a_diagonal_shift_and_the_natural_gradient():
+    from vitqs.config import ConfigError, from_dict
+
+    base = {"lattice": {"shape": [4]}, "hamiltonian": {"kind": "heisenberg"}}
+    for optimizer, words in (
+        ({"momentum": 0.9, "diag_shift": 0.0}, r"optimizer.diag_shift=0.0 must be > 0"),
+        ({"momentum": 0.9, "method": "adam"}, r"optimizer.momentum=0.9 is SPRING's"),
+        ({"momentum": 1.0}, r"optimizer.momentum=1.0 must be between 0.0 and 0.999"),
+    ):
+        with pytest.raises(ConfigError, match=words):
+            from_dict({**base, "optimizer": optimizer})
+
+
 def test_trust_bound_below_one_is_refused():
     with pytest.raises(ValueError, match=r"optimizer.max_update_ratio=0.5 must be >= 1"):
         OptimizerConfig(max_update_ratio=0.5)

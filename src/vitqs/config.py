@@ -423,6 +423,10 @@ class OptimizerConfig(Section):
     # trust bound: an update longer than this many times the median length of the last 50
     # is shortened to that length, its direction kept (null: off)
     max_update_ratio: float | None = option(None, optional(real(minimum=1.0)))
+    # SPRING (Goldshlager et al. 2024): the natural gradient regularised towards momentum ×
+    # the last direction instead of towards zero, so what the samples of one step cannot
+    # resolve is carried over from the steps before (null: plain SR / minSR)
+    momentum: float | None = option(None, optional(real(minimum=0.0, maximum=0.999)))
     # start the hamiltonian's couplings at these values, e.g. {U: 3.3}, and move them linearly
     # to the hamiltonian section's over the first anneal_until of the run (of n_iter or of
     # max_seconds): the ground state is followed from where it is easy to find (null: off)
@@ -668,6 +672,7 @@ def _check_consistency(config: Config) -> None:
     _check_final_spin_flip(config)
     _check_singlet_flip(config)
     _check_schedules(config.optimizer)
+    _check_momentum(config.optimizer)
     _check_anneal(config)
     _check_metropolis_only(config)
     late, chains = config.sampler.n_samples_late, config.sampler.n_chains
@@ -844,6 +849,26 @@ def _check_schedules(cfg: OptimizerConfig) -> None:
             raise ConfigError(
                 f"optimizer.{name}_schedule=exponential needs optimizer.{name}={initial} and "
                 f"optimizer.{name}_final={final} both > 0"
+            )
+
+
+def _check_momentum(cfg: OptimizerConfig) -> None:
+    """SPRING's memory is the diagonal shift: with λ = 0 the last direction is forgotten."""
+    if not cfg.momentum:
+        return
+    if cfg.method == "adam":
+        raise ConfigError(
+            f"optimizer.momentum={cfg.momentum} is SPRING's, for the natural gradient; "
+            "optimizer.method=adam has its own moments (set optimizer.momentum: null)"
+        )
+    shifts = {"diag_shift": cfg.diag_shift}
+    if cfg.diag_shift_schedule != "constant":
+        shifts["diag_shift_final"] = cfg.diag_shift_final
+    for key, value in shifts.items():
+        if not value:
+            raise ConfigError(
+                f"optimizer.{key}={value} must be > 0 with optimizer.momentum={cfg.momentum}: "
+                "the diagonal shift is what pulls a step towards the last one"
             )
 
 

@@ -164,6 +164,10 @@ class VMC:
         self._last_energy: float | None = None
         self._average: tuple[torch.Tensor, int] | None = None  # (mean θ, count)
         self._recent_norms: list[float] = []  # lengths of the last applied updates
+        # SPRING (optimizer.momentum): the direction of the last applied update, and the one
+        # before it (restored with the parameters when a step is undone)
+        self._direction: torch.Tensor | None = None
+        self._direction_before: torch.Tensor | None = None
 
     def run(self, n_iter: int | None = None, callbacks=()) -> Iterator[StepResult]:
         """Yields one `StepResult` per step, until ``optimizer.n_iter`` steps are done in all
@@ -250,6 +254,8 @@ class VMC:
                 self.adam.load_state_dict(adam_before)
             return None
         self._last_good = (theta, adam_before)
+        if self.optimizer.momentum:
+            self._direction_before, self._direction = self._direction, update
         self._add_to_average(theta)  # θ whose energy was just measured finite
         set_parameter_vector(self.model, theta - step)
         self._last_energy = stats.mean.real
@@ -325,7 +331,13 @@ class VMC:
         if self.adam is None:
             method = chosen_solve(self.optimizer.method, jac)
             update = natural_gradient(
-                jac, e_loc, diag_shift=diag_shift, weights=weights, method=method
+                jac,
+                e_loc,
+                diag_shift=diag_shift,
+                weights=weights,
+                method=method,
+                momentum=self.optimizer.momentum or 0.0,
+                previous=self._direction,
             )
         else:
             method, update = "adam", self.adam.direction(energy_gradient(jac, e_loc, weights))
@@ -339,6 +351,7 @@ class VMC:
             return
         theta, adam_state = self._last_good
         set_parameter_vector(self.model, theta)
+        self._direction = self._direction_before
         if adam_state is not None:
             self.adam.load_state_dict(adam_state)
 
@@ -351,6 +364,8 @@ class VMC:
             "last_good": self._last_good,
             "average": self._average,
             "recent_norms": list(self._recent_norms),
+            "direction": self._direction,
+            "direction_before": self._direction_before,
         }
 
     def load_state_dict(self, state: dict):
@@ -364,6 +379,8 @@ class VMC:
         self._last_good = state.get("last_good")
         self._average = state.get("average")
         self._recent_norms = list(state.get("recent_norms") or [])
+        self._direction = state.get("direction")
+        self._direction_before = state.get("direction_before")
 
 
 def _check_state(state: dict, n_params: torch.Size) -> None:
@@ -396,6 +413,10 @@ def _check_state(state: dict, n_params: torch.Size) -> None:
             and vector(average[0])
             and isinstance(average[1], int)
         ),
+        # None or absent: a checkpoint from before SPRING, or a run without momentum
+        "direction": state.get("direction") is None or vector(state.get("direction")),
+        "direction_before": state.get("direction_before") is None
+        or vector(state.get("direction_before")),
         # None or absent: a checkpoint from before the trust bound
         "recent_norms": isinstance(state.get("recent_norms") or [], list)
         and all(isinstance(v, float) for v in state.get("recent_norms") or []),

@@ -179,8 +179,17 @@ def natural_gradient(
     diag_shift: float,
     weights: torch.Tensor | None = None,
     method: str = OptimizerConfig.method,
+    momentum: float = 0.0,
+    previous: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Returns ``g = (S + λI)⁻¹ F`` ``(P,)`` float64; apply ``θ ← θ − η g``.
+
+    With ``momentum`` μ > 0 and the ``previous`` step's direction ``g₋`` this is SPRING
+    (Goldshlager, Abrahamsen & Lin, J. Comput. Phys. 2024): ``g`` minimises
+    ``|X g − e|² + λ |g − μ g₋|²`` instead of ``|X g − e|² + λ |g|²``, i.e.
+    ``g = (S + λI)⁻¹ (F + λ μ g₋)`` = ``μ g₋ + Xᵀ (XXᵀ + λ)⁻¹ (e − μ X g₋)``: the part of the
+    last direction the new samples do not determine is kept instead of shrunk to zero, which
+    averages the sampling noise of the directions the samples barely see over steps.
 
     Two identical forms (push-through identity ``(XᵀX + λ)⁻¹Xᵀ = Xᵀ(XXᵀ + λ)⁻¹``), with
     ``X = [Re Ō; Im Ō] √p`` ``(2N_s, P)`` and ``e = [Re ε; Im ε] √p`` so that ``S = XᵀX`` and
@@ -208,12 +217,18 @@ def natural_gradient(
     """
     method = chosen_solve(method, jac)
     X, e = _scaled_centred(jac, e_loc, weights)
+    anchor = None if previous is None or momentum == 0 else momentum * previous.to(X)
     if method == "sr":
         S = reduce_sum(_gram_upper(X, rows=False))
-        return solve_shifted(S, reduce_sum(X.T @ e), diag_shift)
+        F = reduce_sum(X.T @ e)
+        return solve_shifted(S, F if anchor is None else F + diag_shift * anchor, diag_shift)
+    if anchor is not None:
+        e = e - X @ anchor  # each rank its own rows
     if world_size() == 1:
-        return X.T @ solve_shifted(_gram_upper(X, rows=True), e, diag_shift)
-    return _distributed_minsr(X, e, diag_shift)
+        g = X.T @ solve_shifted(_gram_upper(X, rows=True), e, diag_shift)
+    else:
+        g = _distributed_minsr(X, e, diag_shift)
+    return g if anchor is None else g + anchor
 
 
 def chosen_solve(method: str, jac: torch.Tensor) -> str:
