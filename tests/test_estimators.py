@@ -282,3 +282,25 @@ def test_local_energies_of_repeated_configurations_equal_row_by_row_ones(name):
     rows = x.reshape(10, -1)
     one_by_one = torch.stack([local_energy(hamiltonian, model, row[None])[0] for row in rows])
     torch.testing.assert_close(e_loc.reshape(-1), one_by_one, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["heisenberg_chain", "bose_hubbard"])
+def test_connected_configurations_shared_by_samples_are_evaluated_once(name):
+    # every state of a small sector: each connected configuration is another state of the
+    # sector, reached from several samples; the network sees each once, and the local
+    # energies are those of the dense matrix
+    hamiltonian = HAMILTONIANS[name]()
+    model = ComplexRBM(hamiltonian.n_sites, seed=5, scale=0.3)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    rows = []
+    hook = model.register_forward_hook(lambda module, args, out: rows.append(args[0]))
+    e_loc = local_energy(hamiltonian, model, x)
+    hook.remove()
+    evaluated = torch.cat(rows)  # log ψ of the samples, then of their connected states
+    assert len(torch.unique(evaluated[len(x) :], dim=0)) == len(evaluated) - len(x)
+    x_conn, mels = hamiltonian.get_conn_padded(x)
+    n_reached = int((mels[:, 1:] != 0).sum())
+    assert len(evaluated) - len(x) < n_reached  # the duplicates were there to skip
+    psi = torch.exp(evaluate_log_psi(model, x))
+    H = torch.as_tensor(hamiltonian.to_sparse().toarray(), dtype=torch.complex128)
+    torch.testing.assert_close(e_loc, (H @ psi) / psi, rtol=1e-11, atol=1e-11)

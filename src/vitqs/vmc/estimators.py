@@ -83,17 +83,25 @@ def distinct_rows(x: torch.Tensor) -> DistinctRows:
     if x.shape[0] == 0:
         empty = batch[:0]
         return DistinctRows(x, empty, empty, empty)
-    low, high = float(x.min()), float(x.max())
-    base = int(high - low) + 1
-    if base ** x.shape[1] <= _MAX_CODES:
-        powers = base ** torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
-        codes = ((x - low).round().to(torch.int64) * powers).sum(dim=1)  # (B,)
+    codes = _row_codes(x)
+    if codes is not None:
         _, inverse, counts = torch.unique(codes, return_inverse=True, return_counts=True)
     else:
         _, inverse, counts = torch.unique(x, dim=0, return_inverse=True, return_counts=True)
     first = torch.full((len(counts),), x.shape[0], device=x.device, dtype=batch.dtype)
     first = first.scatter_reduce(0, inverse, batch, reduce="amin")
     return DistinctRows(x[first], inverse, first, counts)
+
+
+def _row_codes(x: torch.Tensor) -> torch.Tensor | None:
+    """Returns one int64 code per row of ``x`` ``(B, N)`` (B ≥ 1), equal for equal rows and
+    only for them, or None when ``b^N`` (``b`` the range of values + 1) does not fit."""
+    low, high = float(x.min()), float(x.max())
+    base = int(high - low) + 1
+    if base ** x.shape[1] > _MAX_CODES:
+        return None
+    powers = base ** torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
+    return ((x - low).round().to(torch.int64) * powers).sum(dim=1)  # (B,)
 
 
 def evaluate_log_psi(model, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
@@ -127,7 +135,9 @@ def amplitude_ratios(
     """Returns ``ψ(x'_k)/ψ(x)`` ``(B, K)`` where ``active``, else 0; log ψ only on active ``x'``.
 
     The active connected configurations are gathered into one batch, evaluated, and
-    scattered back, so inactive (padding, zero-element) entries cost nothing.
+    scattered back, so inactive (padding, zero-element) entries cost nothing. A configuration
+    reached from several samples (two samples one exchange apart share connected states; on
+    a lattice of a few thousand states most of them repeat) is evaluated once.
 
     Args:
         model: ``(B, N) -> log ψ (B,)``.
@@ -137,10 +147,24 @@ def amplitude_ratios(
         chunk_size: configurations per forward pass; None for ``DEFAULT_CHUNK_SIZE``.
     """
     rows, cols = active.nonzero(as_tuple=True)  # (M,) each
-    log_psi_conn = evaluate_log_psi(model, x_conn[rows, cols], chunk_size)  # (M,)
+    log_psi_conn = _log_psi_once_per_row(model, x_conn[rows, cols], chunk_size)  # (M,)
     ratios = torch.zeros(active.shape, dtype=log_psi.dtype, device=x_conn.device)
     ratios[rows, cols] = torch.exp(log_psi_conn.to(log_psi.dtype) - log_psi[rows])
     return ratios
+
+
+def _log_psi_once_per_row(model, x: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
+    """Returns ``log ψ(x)`` ``(M,)`` with each distinct row evaluated once, where rows pack
+    into one code each (``_row_codes``: up to 39 spins, or 31 sites of 0–3 bosons). Past
+    that the Hilbert space is too large for connected configurations to repeat much, and
+    a row-wise unique costs more than it saves: every row is evaluated."""
+    codes = _row_codes(x) if x.shape[0] else None
+    if codes is None:
+        return evaluate_log_psi(model, x, chunk_size)
+    _, inverse = torch.unique(codes, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), x.shape[0], device=x.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(x.shape[0], device=x.device), "amin")
+    return evaluate_log_psi(model, x[first], chunk_size)[inverse]
 
 
 @torch.no_grad()
