@@ -77,6 +77,27 @@ def test_a_run_records_the_discard_of_its_final_measurement(tmp_path):
     assert results.read_results(summed["results_file"]).final["n_discard"] == 0
 
 
+def test_final_observables_can_use_fewer_samples_than_the_energy(tmp_path):
+    # same seed, same final samples: the energy is the same, the observables come from the
+    # first quarter of each chain, so their error bars widen by about 2
+    every = run_config(from_dict(tiny_heisenberg(tmp_path, name="every")), progress=False)
+    capped = tiny_heisenberg(tmp_path, name="capped")
+    capped["final"]["n_samples_observables"] = 32  # of 128
+    fewer = run_config(from_dict(capped), progress=False)
+    every, fewer = (results.read_results(s["results_file"]) for s in (every, fewer))
+    assert fewer.final["energy"] == every.final["energy"]
+    wide, narrow = (r.observables["spin_correlations_error"] for r in (fewer, every))
+    off = ~np.isclose(narrow, 0)
+    assert np.median(wide[off] / narrow[off]) > 1.4
+
+
+def test_final_observable_samples_must_be_positive(tmp_path):
+    data = tiny_heisenberg(tmp_path)
+    data["final"]["n_samples_observables"] = 0
+    with pytest.raises(ConfigError, match="final.n_samples_observables"):
+        from_dict(data)
+
+
 # ---- spin inversion of singlets ----------------------------------------------------------------
 
 

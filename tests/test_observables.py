@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 from helpers import ComplexRBM, LookupTable, exact_ground_state, model_vector
 
 from vitqs.models.symmetrize import Symmetrized
@@ -17,7 +18,7 @@ from vitqs.physics.observables import (
     structure_factor,
 )
 from vitqs.physics.operators import BoseHubbard, Heisenberg
-from vitqs.vmc.observables import boson_observables, spin_observables
+from vitqs.vmc.observables import boson_observables, first_of_each_chain, spin_observables
 from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 
 SPIN_CASES = {
@@ -123,6 +124,33 @@ def test_spin_observables_from_samples_agree_within_error_bars():
         z = np.abs(estimate.mean - exact)[off] / estimate.error[off]
         # entries are correlated with each other, so only the largest deviation is tested
         assert z.max() < 4.5, f"{key}: {z.max():.2f} error bars off"
+
+
+def test_observables_from_the_first_samples_of_each_chain_keep_honest_error_bars():
+    hamiltonian = Heisenberg(Lattice((6,)), sign_rule=True)
+    model = ComplexRBM(6, seed=4, scale=0.4)
+    sampler = MetropolisSampler(hamiltonian, n_samples=4096, n_chains=64, n_discard=10, seed=3)
+    samples = sampler.sample(model)
+    first = first_of_each_chain(samples, 1000)  # ⌈1000 / 64⌉ = 16 of each chain's 64
+    assert first.x.shape == (64, 16, 6)
+    assert torch.equal(first.x, samples.x[:, :16])
+    assert torch.equal(first.log_psi, samples.log_psi[:, :16])
+    for n_samples in (None, 4096, 10**6):
+        assert first_of_each_chain(samples, n_samples) is samples
+    exact_states = ExactSampler(hamiltonian.hilbert).sample(model)
+    assert first_of_each_chain(exact_states, 10) is exact_states  # weights: a sum, not samples
+
+    corr = exact_spin_correlations(
+        hamiltonian.hilbert, hamiltonian.lattice, model_vector(model, hamiltonian.hilbert), True
+    )
+    full = spin_observables(hamiltonian, model, samples)["spin_correlations"]
+    part = spin_observables(hamiltonian, model, first)["spin_correlations"]
+    off = ~np.isclose(full.error, 0)
+    assert np.abs(part.mean - corr)[off].max() / part.error[off].max() < 4.5
+    # 4x fewer samples: error bars wider, at most ~2x (less where a chain's neighbouring
+    # samples are correlated: the prefix then loses less than 4x of its information)
+    ratio = np.median(part.error[off] / full.error[off])
+    assert 1.2 < ratio < 2.6, ratio
 
 
 def test_momenta_cover_the_brillouin_zone():

@@ -459,6 +459,10 @@ class FinalConfig(Section):
     # energy upward until they forget it. null: as many sweeps as each chain then keeps
     # (final.n_samples / sampler.n_chains), at least sampler.n_discard
     n_discard: int | None = option(None, optional(integer(0)), resumable=True)
+    # samples the final observables (spin correlations and S(q), densities, the one-body
+    # density matrix) use: the first of each chain. They cost about as much per sample as the
+    # energy and need far fewer. null: all of final.n_samples
+    n_samples_observables: int | None = option(None, optional(integer(1)), resumable=True)
 
 
 @dataclass

@@ -514,7 +514,8 @@ def _measure_final(run: Run, start: float) -> None:
     energy = sample_statistics(e_loc, samples)
     seconds = vmc.seconds_before + time.perf_counter() - start
     record.final = results.FinalRow.of(energy, record, seconds=seconds, n_discard=n_discard)
-    record.observables = _observables(run, model, samples, sampler)
+    observed = observables.first_of_each_chain(samples, final.n_samples_observables)
+    record.observables = _observables(run, model, observed, sampler)
 
 
 def final_discard(config: Config, sampler) -> int:
