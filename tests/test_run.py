@@ -330,6 +330,20 @@ def test_max_seconds_stops_the_loop_and_still_measures(tmp_path):
     assert record.status == "finished" and record.final["energy"] == summary["energy"]
 
 
+def test_a_run_resumed_after_its_budget_is_measured_again_without_another_step(tmp_path):
+    # re-measuring a finished run (e.g. with more final samples) measures the state it ended
+    # in: the parameters of the file, not those of one more step
+    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 50, "max_seconds": 1e-6})
+    first = run_config(from_dict(data), progress=False)
+    before = results.read_results(first["results_file"])
+    data["final"]["n_samples"] = 256
+    again = run_config(from_dict(data), resume=True, progress=False)
+    after = results.read_results(again["results_file"])
+    assert again["n_iter"] == first["n_iter"] == 1
+    assert after.final["n_samples"] == 256 and after.final["energy"] != before.final["energy"]
+    assert len(after.history) == len(before.history) == 1
+
+
 def test_max_seconds_must_be_positive_or_null(tmp_path):
     from vitqs.config import ConfigError
 

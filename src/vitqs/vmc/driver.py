@@ -178,6 +178,8 @@ class VMC:
         """
         n_iter = self.optimizer.n_iter - self.step_count if n_iter is None else n_iter
         start, self.seconds = time.perf_counter(), self.seconds_before
+        if self.budget_spent():  # resumed after its budget: measure again, no further step
+            return
         self._advance()
         for _ in range(n_iter):
             result = self.step()
