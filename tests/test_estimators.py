@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import ComplexRBM, LookupTable, exact_ground_state, model_vector, rayleigh_quotient
 
+from vitqs.models.symmetrize import Symmetrized, symmetrize_space_group
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.estimators import (
@@ -16,6 +17,7 @@ from vitqs.vmc.estimators import (
     importance_statistics,
     importance_weights,
     local_energy,
+    model_symmetries,
     sample_mean,
     statistics,
 )
@@ -304,3 +306,68 @@ def test_connected_configurations_shared_by_samples_are_evaluated_once(name):
     psi = torch.exp(evaluate_log_psi(model, x))
     H = torch.as_tensor(hamiltonian.to_sparse().toarray(), dtype=torch.complex128)
     torch.testing.assert_close(e_loc, (H @ psi) / psi, rtol=1e-11, atol=1e-11)
+
+
+SYMMETRIZED = {
+    # ψ averaged over the translations and projected on either spin-inversion sector
+    "chain_8_translations_even": lambda: (Heisenberg(Lattice((8,)), J2=0.3), "translations", 1),
+    "chain_8_translations_odd": lambda: (Heisenberg(Lattice((8,)), J2=0.3), "translations", -1),
+    "square_4x4_translations_even": lambda: (
+        Heisenberg(Lattice((4, 4)), J2=0.5),
+        "translations",
+        1,
+    ),
+    "chain_10_space_group_odd": lambda: (
+        Heisenberg(Lattice((10,)), J2=0.2, sign_rule=True),
+        "space_group",
+        -1,
+    ),
+    "bose_hubbard_space_group": lambda: (
+        BoseHubbard(Lattice((2, 3)), U=3.0, n_particles=6, n_max=3),
+        "space_group",
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SYMMETRIZED))
+def test_connected_configurations_of_one_orbit_are_evaluated_once(name):
+    # a ψ with ψ(g x) = ψ(x) and ψ(−x) = s ψ(x): one connected configuration of each orbit
+    # goes through the network, the others take its value (times s per inversion); the local
+    # energies stay those of the dense matrix, on every state of the sector
+    hamiltonian, group, spin_flip = SYMMETRIZED[name]()
+    lattice = hamiltonian.lattice
+    bare = ComplexRBM(hamiltonian.n_sites, seed=7, scale=0.3)
+    model = Symmetrized(bare, lattice.translations, spin_flip=spin_flip)
+    if group == "space_group":
+        model = symmetrize_space_group(model, lattice)
+    symmetries = model_symmetries(model, hamiltonian)
+    assert symmetries is not None and len(symmetries[0]) > 1 and symmetries[1] == spin_flip
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    psi = torch.exp(evaluate_log_psi(model, x))
+    rows = []
+    hook = model.register_forward_hook(lambda module, args, out: rows.append(args[0]))
+    e_loc = local_energy(hamiltonian, model, x, torch.log(psi))
+    hook.remove()
+    H = torch.as_tensor(hamiltonian.to_sparse().toarray(), dtype=torch.complex128)
+    # an odd projection vanishes on states with −x = g x: no local energy there
+    assert psi.abs().max() > 1e-3  # a sector the projection leaves states in
+    nonzero = psi.abs() > 1e-8 * psi.abs().max()
+    assert nonzero.sum() > len(psi) // 4
+    torch.testing.assert_close(e_loc[nonzero], ((H @ psi) / psi)[nonzero], rtol=1e-10, atol=1e-10)
+    # no two evaluated configurations lie on one orbit: their images never coincide
+    evaluated = torch.cat(rows)
+    group_perms = symmetries[0]
+    images = evaluated[:, group_perms]  # (M, G, N)
+    if spin_flip:
+        images = torch.cat([images, -images], dim=1)
+    first_image = {tuple(row.tolist()) for row in evaluated}
+    for m, row_images in enumerate(images):
+        others = {tuple(r.tolist()) for r in row_images} & first_image
+        assert others == {tuple(evaluated[m].tolist())}, "two rows of one orbit evaluated"
+    assert len(evaluated) < len(distinct_rows(x).x)  # fewer orbits than states reached
+
+
+def test_a_model_with_no_symmetry_has_none_to_share():
+    hamiltonian = Heisenberg(Lattice((6,)))
+    assert model_symmetries(ComplexRBM(6, seed=1), hamiltonian) is None

@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vitqs.distributed import reduce_max, reduce_sum, total_count
+from vitqs.models.symmetrize import invariances
 
 # Sokal's window constant for the integrated autocorrelation time (Sokal 1997; emcee).
 _SOKAL_WINDOW = 5.0
@@ -96,12 +98,59 @@ def distinct_rows(x: torch.Tensor) -> DistinctRows:
 def _row_codes(x: torch.Tensor) -> torch.Tensor | None:
     """Returns one int64 code per row of ``x`` ``(B, N)`` (B ≥ 1), equal for equal rows and
     only for them, or None when ``b^N`` (``b`` the range of values + 1) does not fit."""
+    digits = _row_digits(x, symmetric=False)
+    if digits is None:
+        return None
+    digits, base = digits
+    powers = base ** torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
+    return (digits * powers).sum(dim=1)  # (B,)
+
+
+def _row_digits(x: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, int] | None:
+    """Returns ``(digits, b)``: ``x − low`` as int64 ``(B, N)`` in ``[0, b)``, or None when
+    ``b^N`` does not fit one code. ``symmetric``: the range also holds ``−x``, so that
+    ``b − 1 − digits`` are the digits of the spin-inverted rows."""
     low, high = float(x.min()), float(x.max())
+    if symmetric:
+        low, high = min(low, -high), max(high, -low)
     base = int(high - low) + 1
     if base ** x.shape[1] > _MAX_CODES:
         return None
+    return (x - low).round().to(torch.int64), base
+
+
+# digits of the images coded at once (rows × images × sites int64: 32 MiB): a 6×6 lattice's
+# 288 space-group images and their inversions are 20,736 digits a row
+_ORBIT_DIGITS_PER_CHUNK = 2**22
+
+
+def _orbit_codes(
+    x: torch.Tensor, group: torch.Tensor, spin_flip: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Returns, per row of ``x`` ``(B, N)``, the smallest code over its images ``g x`` (and
+    ``−g x`` with ``spin_flip``) under the permutations ``group`` ``(G, N)``, and whether that
+    smallest image is a spin-inverted one; None when the rows do not fit one code each.
+
+    Rows with equal smallest codes lie on one orbit of the group; a ψ with ``ψ(g x) = ψ(x)``
+    and ``ψ(−x) = s ψ(x)`` takes the same value on all of them up to the sign ``s`` per
+    inversion."""
+    coded = _row_digits(x, symmetric=bool(spin_flip))
+    if coded is None:
+        return None
+    digits, base = coded
     powers = base ** torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
-    return ((x - low).round().to(torch.int64) * powers).sum(dim=1)  # (B,)
+    n_images = group.shape[0] * (2 if spin_flip else 1)
+    step = max(1, _ORBIT_DIGITS_PER_CHUNK // (n_images * x.shape[1]))
+    smallest, inverted = [], []
+    for start in range(0, x.shape[0], step):
+        images = digits[start : start + step][:, group]  # (b, G, N)
+        if spin_flip:
+            images = torch.cat([images, base - 1 - images], dim=1)
+        codes = (images * powers).sum(dim=2)  # (b, G) or (b, 2G)
+        code, index = codes.min(dim=1)
+        smallest.append(code)
+        inverted.append(index >= group.shape[0])
+    return torch.cat(smallest), torch.cat(inverted)
 
 
 def evaluate_log_psi(model, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
@@ -131,6 +180,7 @@ def amplitude_ratios(
     active: torch.Tensor,
     log_psi: torch.Tensor,
     chunk_size: int | None = None,
+    symmetries: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Returns ``ψ(x'_k)/ψ(x)`` ``(B, K)`` where ``active``, else 0; log ψ only on active ``x'``.
 
@@ -145,12 +195,55 @@ def amplitude_ratios(
         active: ``(B, K)`` bool.
         log_psi: ``log ψ(x)`` of the rows ``(B,)``, complex.
         chunk_size: configurations per forward pass; None for ``DEFAULT_CHUNK_SIZE``.
+        symmetries: ``(group (G, N), s)`` with ``ψ(g x) = ψ(x)`` for every permutation of
+            ``group`` and ``ψ(−x) = s ψ(x)`` (s = 0: no such symmetry), as `invariances`
+            finds them: then one configuration per orbit is evaluated.
     """
     rows, cols = active.nonzero(as_tuple=True)  # (M,) each
-    log_psi_conn = _log_psi_once_per_row(model, x_conn[rows, cols], chunk_size)  # (M,)
+    x_active = x_conn[rows, cols]
+    log_psi_conn = _log_psi_once_per_orbit(model, x_active, chunk_size, symmetries)  # (M,)
     ratios = torch.zeros(active.shape, dtype=log_psi.dtype, device=x_conn.device)
     ratios[rows, cols] = torch.exp(log_psi_conn.to(log_psi.dtype) - log_psi[rows])
     return ratios
+
+
+def _log_psi_once_per_orbit(
+    model, x: torch.Tensor, chunk_size: int | None, symmetries: tuple[torch.Tensor, int] | None
+) -> torch.Tensor:
+    """Returns ``log ψ(x)`` ``(M,)`` with one row of each orbit of ``symmetries`` evaluated
+    (`_orbit_codes`), the others by symmetry: a ψ averaged over the 16 translations and the
+    spin inversion of a 4×4 lattice takes one forward pass of its copies per ~32 connected
+    configurations, not per one. Without symmetries, or rows that do not fit one code, as
+    `_log_psi_once_per_row`."""
+    orbits = None
+    if symmetries is not None and x.shape[0]:
+        orbits = _orbit_codes(x, *symmetries)
+    if orbits is None:
+        return _log_psi_once_per_row(model, x, chunk_size)
+    codes, inverted = orbits
+    _, inverse = torch.unique(codes, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), x.shape[0], device=x.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(x.shape[0], device=x.device), "amin")
+    log_psi = evaluate_log_psi(model, x[first], chunk_size)[inverse]
+    if symmetries[1] < 0:  # ψ(x) = −ψ(y) where one of x, y reaches the orbit's least image inverted
+        odd = inverted ^ inverted[first][inverse]
+        log_psi = log_psi + 1j * math.pi * odd.to(log_psi.real.dtype)
+    return log_psi
+
+
+def model_symmetries(model, hamiltonian) -> tuple[torch.Tensor, int] | None:
+    """Returns ``(group, s)``, the permutations and spin-inversion eigenvalue ``model`` is
+    invariant under for any parameters (`invariances`), as `amplitude_ratios` takes them;
+    None when that is the identity alone or the operator has no lattice."""
+    lattice = getattr(hamiltonian, "lattice", None)
+    if lattice is None:
+        return None
+    group, spin_flip = invariances(model, lattice)
+    if len(group) == 1 and not spin_flip:
+        return None
+    param = next(model.parameters(), None)
+    device = None if param is None else param.device
+    return torch.as_tensor(np.asarray(group), dtype=torch.long, device=device), int(spin_flip)
 
 
 def _log_psi_once_per_row(model, x: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
@@ -194,29 +287,30 @@ def local_energy(
     x = x.reshape(-1, n_sites)
     log_psi = None if log_psi is None else log_psi.reshape(-1)
     rows = distinct_rows(x)
+    symmetries = model_symmetries(model, hamiltonian)
     if rows.n_distinct == x.shape[0]:
-        return _local_energy_of_rows(hamiltonian, model, x, log_psi, chunk_size).reshape(
-            batch_shape
-        )
+        e_loc = _local_energy_of_rows(hamiltonian, model, x, log_psi, chunk_size, symmetries)
+        return e_loc.reshape(batch_shape)
     log_psi = None if log_psi is None else log_psi[rows.first]  # each distinct one once
-    e_loc = _local_energy_of_rows(hamiltonian, model, rows.x, log_psi, chunk_size)
+    e_loc = _local_energy_of_rows(hamiltonian, model, rows.x, log_psi, chunk_size, symmetries)
     return e_loc[rows.inverse].reshape(batch_shape)
 
 
-def _local_energy_of_rows(hamiltonian, model, x, log_psi, chunk_size):
+def _local_energy_of_rows(hamiltonian, model, x, log_psi, chunk_size, symmetries):
     log_psi = evaluate_log_psi(model, x, chunk_size) if log_psi is None else log_psi
     step = x.shape[0] if chunk_size is None else chunk_size
     parts = [
-        _local_energy_chunk(hamiltonian, model, x[s : s + step], log_psi[s : s + step])
+        _local_energy_chunk(hamiltonian, model, x[s : s + step], log_psi[s : s + step], symmetries)
         for s in range(0, x.shape[0], step)
     ]
     return torch.cat(parts)
 
 
-def _local_energy_chunk(hamiltonian, model, x, log_psi):
+def _local_energy_chunk(hamiltonian, model, x, log_psi, symmetries):
     x_conn, mels = hamiltonian.get_conn_padded(x)  # (B, K, N), (B, K)
     mels_off = mels[:, 1:]
-    ratios = amplitude_ratios(model, x_conn[:, 1:], mels_off != 0, log_psi)  # (B, K-1)
+    active = mels_off != 0
+    ratios = amplitude_ratios(model, x_conn[:, 1:], active, log_psi, None, symmetries)
     return mels[:, 0].to(log_psi.dtype) + (mels_off * ratios).sum(dim=1)
 
 
