@@ -9,15 +9,13 @@ from helpers import ComplexRBM, exact_ground_state, tiny_bose_hubbard, tiny_heis
 
 from vitqs.build import build_vmc
 from vitqs.config import OptimizerConfig, from_dict
-from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
-from vitqs.vmc.driver import VMC, NonFiniteEnergyError, _distinct_samples, final_estimate
+from vitqs.vmc.driver import VMC, NonFiniteEnergyError, final_estimate
 from vitqs.vmc.estimators import (
     evaluate_log_psi,
     importance_weights,
     local_energy,
-    model_symmetries,
     sample_statistics,
     statistics,
 )
@@ -320,82 +318,6 @@ def test_a_step_on_importance_weighted_samples_weighs_each_row_by_its_normalised
         parameter_vector(model), theta - 0.1 * expected, rtol=1e-10, atol=1e-12
     )
     assert result.energy.mean.real == pytest.approx(float((weights * e_loc.real).sum()), rel=1e-12)
-
-
-@pytest.mark.parametrize("method", ["sr", "minsr", "adam"])
-@pytest.mark.parametrize("spin_flip", [1, -1])
-@pytest.mark.parametrize("reweighted", [False, True])
-def test_a_step_on_samples_of_one_orbit_equals_the_step_over_every_row(
-    method, spin_flip, reweighted
-):
-    # For ψ averaged over translations and projected on a spin-inversion sector, samples on
-    # one orbit share their log-derivatives: the step takes one row per orbit with the
-    # summed weight and the weighted mean local energy, and must give the update of every
-    # row
-    hamiltonian = Heisenberg(Lattice((6,)), J2=0.4)
-    lattice = hamiltonian.lattice
-    model = Symmetrized(
-        ComplexRBM(6, n_hidden=6, scale=0.3, seed=9), lattice.translations, spin_flip
-    )
-    states = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    # the odd sector vanishes where −x is a translate of x (a sampler never visits them)
-    amplitude = evaluate_log_psi(model, states).real.detach()
-    states = states[amplitude > amplitude.max() - 20]
-    pick = torch.tensor([0, 5, 9, 0, 7, 4, 1, 10, 9, 7, 3, 5, 2, 8, 12, 3, 5, 11, 1, 4])
-    x = states[pick % len(states)].reshape(4, 5, 6)  # 20 samples on 2 or 3 orbits
-    rows = x.reshape(20, 6)
-    log_psi = evaluate_log_psi(model, rows).detach()
-    log_importance = 0.5 * log_psi.real.reshape(4, 5) if reweighted else None
-    weights = torch.softmax(log_importance.reshape(-1), dim=0) if reweighted else None
-    e_loc = local_energy(hamiltonian, model, x).reshape(-1)
-    jac = log_derivatives(model, rows)  # every row
-    if method == "adam":
-        expected = Adam().direction(energy_gradient(jac, e_loc, weights))
-    else:
-        expected = natural_gradient(jac, e_loc, diag_shift=1e-3, weights=weights, method=method)
-    theta = parameter_vector(model)
-    settings = OptimizerConfig(method=method, lr=0.1, diag_shift=1e-3)
-    jacobian_rows = []
-    hook = model.register_forward_hook(lambda m, args, out: jacobian_rows.append(len(args[0])))
-    VMC(hamiltonian, model, FixedSampler(x, model, log_importance), settings).step()
-    hook.remove()
-    torch.testing.assert_close(
-        parameter_vector(model), theta - 0.1 * expected, rtol=1e-10, atol=1e-12
-    )
-    n_orbits = len(
-        {
-            min(
-                tuple((sign * row[perm]).tolist())
-                for perm in lattice.translations
-                for sign in (1, -1)
-            )
-            for row in x.reshape(20, 6)
-        }
-    )
-    assert n_orbits < 5 and n_orbits in jacobian_rows  # log-derivatives once per orbit
-
-
-@pytest.mark.parametrize("reweighted", [False, True])
-def test_samples_of_one_orbit_merge_into_the_same_s_and_f_whatever_their_local_energies(
-    reweighted,
-):
-    # local energies that differ inside an orbit (a Hamiltonian without the symmetry):
-    # the merged row carries their weighted mean, so S and F are those of every row
-    hamiltonian = Heisenberg(Lattice((8,)))
-    model = Symmetrized(ComplexRBM(8, n_hidden=4, seed=2), hamiltonian.lattice.translations, 1)
-    states = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
-    x = states[torch.randint(len(states), (40,), generator=torch.Generator().manual_seed(1))]
-    e_loc = torch.randn(40, dtype=torch.complex128, generator=torch.Generator().manual_seed(2))
-    weights = torch.softmax(torch.randn(40, dtype=torch.float64), 0) if reweighted else None
-    merged_x, merged_e, merged_w = _distinct_samples(
-        x, e_loc, weights, model_symmetries(model, hamiltonian)
-    )
-    assert len(merged_x) < len(torch.unique(x, dim=0))  # orbits, not only repeated rows
-    every = natural_gradient(log_derivatives(model, x), e_loc, diag_shift=1e-3, weights=weights)
-    merged = natural_gradient(
-        log_derivatives(model, merged_x), merged_e, diag_shift=1e-3, weights=merged_w
-    )
-    torch.testing.assert_close(merged, every, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.usefixtures("single_thread")

@@ -25,13 +25,7 @@ import torch
 from vitqs.config import OptimizerConfig, SamplerConfig
 from vitqs.distributed import agree_max, broadcast_from_root, reduce_sum
 from vitqs.models.precision import NetworkCopy
-from vitqs.vmc.estimators import (
-    Stats,
-    distinct_orbits,
-    importance_weights,
-    model_symmetries,
-    sample_statistics,
-)
+from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
 from vitqs.vmc.optimizers import Adam, Schedule
 from vitqs.vmc.sampler import Samples
 from vitqs.vmc.sr import (
@@ -329,8 +323,7 @@ class VMC:
                 importance = importance_weights(importance).reshape(-1)
             if width is not None:
                 e_loc = clip_local_energy(e_loc, width, importance)
-            symmetries = model_symmetries(self.model, self.hamiltonian)
-            x, e_loc, weights = _distinct_samples(x, e_loc, importance, symmetries)
+            x, e_loc, weights = _distinct_samples(x, e_loc, importance)
         else:
             weights = weights.reshape(-1)
         start = time.perf_counter()
@@ -445,7 +438,7 @@ def final_estimate(
     return sample_statistics(sampler.local_energy(hamiltonian, model, samples, chunk_size), samples)
 
 
-def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor, importance=None, symmetries=None):
+def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor, importance=None):
     """Returns the distinct configurations of Monte Carlo samples, their local energies and
     weights ``count / N_s``: the same S and F as the ``N_s`` rows of equal weight ``1/N_s``
     (a repeated row adds its outer product ``count`` times), at one log-derivative and one
@@ -454,27 +447,15 @@ def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor, importance=None, sym
 
     With ``importance``, the samples' normalised importance weights ``(N_s,)``, a distinct
     configuration weighs the sum of its samples' weights instead.
-
-    With the model's ``symmetries`` (`model_symmetries`) the samples of one orbit are one
-    row: their log-derivatives are equal, so with the orbit's summed weight and the
-    weighted mean of its local energies S and F are those of every row, whatever the
-    Hamiltonian (a trained 4×4 J1-J2 state puts 1,024 samples on a few hundred orbits).
     """
-    rows = distinct_orbits(x, symmetries)
-    if importance is None:
-        n_samples = reduce_sum(
-            torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)
-        )
-        importance = (
-            torch.full((x.shape[0],), 1.0, dtype=torch.float64, device=x.device) / n_samples
-        )
-    importance = importance.to(torch.float64)
-    weights = torch.zeros(rows.n_distinct, dtype=torch.float64, device=x.device)
-    weights.index_add_(0, rows.inverse, importance)
-    # the weighted mean over the row's samples: equal local energies where rows repeat
-    e_sum = torch.zeros(rows.n_distinct, dtype=e_loc.dtype, device=x.device)
-    e_sum.index_add_(0, rows.inverse, importance.to(e_loc.dtype) * e_loc)
-    return rows.x, e_sum / weights.to(e_loc.dtype), weights
+    rows = distinct_rows(x)
+    if importance is not None:
+        weights = torch.zeros(rows.n_distinct, dtype=torch.float64, device=x.device)
+        weights.index_add_(0, rows.inverse, importance.to(torch.float64))
+        return rows.x, e_loc[rows.first], weights
+    n_samples = reduce_sum(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
+    weights = rows.counts.to(torch.float64) / n_samples
+    return rows.x, e_loc[rows.first], weights
 
 
 def _lap(start: float) -> float:

@@ -246,22 +246,6 @@ def model_symmetries(model, hamiltonian) -> tuple[torch.Tensor, int] | None:
     return torch.as_tensor(np.asarray(group), dtype=torch.long, device=device), int(spin_flip)
 
 
-def distinct_orbits(x: torch.Tensor, symmetries: tuple[torch.Tensor, int] | None) -> DistinctRows:
-    """Returns `distinct_rows` of ``x`` ``(B, N)`` with rows on one orbit of ``symmetries``
-    (`model_symmetries`) taken as one: the first of them stands for all. A ψ invariant
-    under the group has the same log-derivatives on the whole orbit (its log ψ differs by
-    a constant there), so these rows add one outer product to S, with their summed weight.
-    Without symmetries, or rows that do not fit one code, the distinct rows."""
-    orbits = None if symmetries is None or not x.shape[0] else _orbit_codes(x, *symmetries)
-    if orbits is None:
-        return distinct_rows(x)
-    _, inverse, counts = torch.unique(orbits[0], return_inverse=True, return_counts=True)
-    batch = torch.arange(x.shape[0], device=x.device)
-    first = torch.full((len(counts),), x.shape[0], device=x.device, dtype=batch.dtype)
-    first = first.scatter_reduce(0, inverse, batch, reduce="amin")
-    return DistinctRows(x[first], inverse, first, counts)
-
-
 def _log_psi_once_per_row(model, x: torch.Tensor, chunk_size: int | None) -> torch.Tensor:
     """Returns ``log ψ(x)`` ``(M,)`` with each distinct row evaluated once, where rows pack
     into one code each (``_row_codes``: up to 39 spins, or 31 sites of 0–3 bosons). Past
