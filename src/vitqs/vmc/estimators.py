@@ -81,27 +81,33 @@ def distinct_rows(x: torch.Tensor) -> DistinctRows:
     ``Σ_i (x_i − min) b^i`` with ``b`` the range of values + 1, when ``b^N`` fits: a 1-d
     unique is ~10x faster than ``torch.unique(dim=0)``, which is the fallback.
     """
-    batch = torch.arange(x.shape[0], device=x.device)
     if x.shape[0] == 0:
-        empty = batch[:0]
+        empty = torch.zeros(0, dtype=torch.long, device=x.device)
         return DistinctRows(x, empty, empty, empty)
     codes = _row_codes(x)
     if codes is not None:
         _, inverse, counts = torch.unique(codes, return_inverse=True, return_counts=True)
     else:
         _, inverse, counts = torch.unique(x, dim=0, return_inverse=True, return_counts=True)
-    first = torch.full((len(counts),), x.shape[0], device=x.device, dtype=batch.dtype)
-    first = first.scatter_reduce(0, inverse, batch, reduce="amin")
+    first = _first_of_each(inverse, len(counts))
     return DistinctRows(x[first], inverse, first, counts)
+
+
+def _first_of_each(inverse: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Returns ``(n_groups,)`` the index of the first row in each group, for rows labelled
+    ``inverse`` ``(B,)`` with every label in ``[0, n_groups)`` used."""
+    rows = torch.arange(len(inverse), device=inverse.device)
+    first = torch.full((n_groups,), len(inverse), device=inverse.device, dtype=rows.dtype)
+    return first.scatter_reduce(0, inverse, rows, reduce="amin")
 
 
 def _row_codes(x: torch.Tensor) -> torch.Tensor | None:
     """Returns one int64 code per row of ``x`` ``(B, N)`` (B ≥ 1), equal for equal rows and
     only for them, or None when ``b^N`` (``b`` the range of values + 1) does not fit."""
-    digits = _row_digits(x, symmetric=False)
-    if digits is None:
+    coded = _row_digits(x, symmetric=False)
+    if coded is None:
         return None
-    digits, base = digits
+    digits, base = coded
     powers = base ** torch.arange(x.shape[1], device=x.device, dtype=torch.int64)
     return (digits * powers).sum(dim=1)  # (B,)
 
@@ -221,9 +227,8 @@ def _log_psi_once_per_orbit(
     if orbits is None:
         return _log_psi_once_per_row(model, x, chunk_size)
     codes, inverted = orbits
-    _, inverse = torch.unique(codes, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), x.shape[0], device=x.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(x.shape[0], device=x.device), "amin")
+    orbit_codes, inverse = torch.unique(codes, return_inverse=True)
+    first = _first_of_each(inverse, len(orbit_codes))
     log_psi = evaluate_log_psi(model, x[first], chunk_size)[inverse]
     if symmetries[1] < 0:  # ψ(x) = −ψ(y) where one of x, y reaches the orbit's least image inverted
         odd = inverted ^ inverted[first][inverse]
@@ -254,9 +259,8 @@ def _log_psi_once_per_row(model, x: torch.Tensor, chunk_size: int | None) -> tor
     codes = _row_codes(x) if x.shape[0] else None
     if codes is None:
         return evaluate_log_psi(model, x, chunk_size)
-    _, inverse = torch.unique(codes, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), x.shape[0], device=x.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(x.shape[0], device=x.device), "amin")
+    distinct_codes, inverse = torch.unique(codes, return_inverse=True)
+    first = _first_of_each(inverse, len(distinct_codes))
     return evaluate_log_psi(model, x[first], chunk_size)[inverse]
 
 
@@ -310,7 +314,7 @@ def _local_energy_chunk(hamiltonian, model, x, log_psi, symmetries):
     x_conn, mels = hamiltonian.get_conn_padded(x)  # (B, K, N), (B, K)
     mels_off = mels[:, 1:]
     active = mels_off != 0
-    ratios = amplitude_ratios(model, x_conn[:, 1:], active, log_psi, None, symmetries)
+    ratios = amplitude_ratios(model, x_conn[:, 1:], active, log_psi, symmetries=symmetries)
     return mels[:, 0].to(log_psi.dtype) + (mels_off * ratios).sum(dim=1)
 
 
