@@ -5,7 +5,8 @@ data set (`dataset`); rank 0 saves the results to ``OUT/reductions.pt`` for the 
 against the same functions on the whole data set in one process.
 
 ``run CONFIG OUT``: ``run_config`` of a config file; every rank saves its parameters and its
-chains to ``OUT/rank<r>.pt``.
+chains to ``OUT/rank<r>.pt``, and once its process group is gone, how many gloo threads it
+still runs to ``OUT/gloo_threads<r>.txt``.
 """
 
 from __future__ import annotations
@@ -175,15 +176,24 @@ def _remember_build():
     run_module.build_vmc = build_and_keep
 
 
+def _gloo_threads() -> int:
+    """Returns how many of this process's threads are gloo's (named by torch, /proc)."""
+    tasks = Path("/proc/self/task").iterdir()
+    return sum("gloo" in (task / "comm").read_text() for task in tasks)
+
+
 def main(argv: list[str]) -> None:
     mode, *args = argv
     torch.set_num_threads(1)
     with distributed.process_group(torch.device("cpu")):
+        rank_ = rank()
         if mode == "reductions":
             _reductions(Path(args[0]))
         else:
             _remember_build()
             _run(args[0], Path(args[1]))
+    if mode == "run":  # what the group left behind once its block ended
+        (Path(args[1]) / f"gloo_threads{rank_}.txt").write_text(str(_gloo_threads()))
 
 
 if __name__ == "__main__":

@@ -115,6 +115,13 @@ def test_every_rank_ends_with_the_same_parameters_and_its_own_chains(run_on_rank
     assert not torch.equal(ranks[0]["chains"], ranks[1]["chains"])  # seeds of their own
 
 
+def test_no_rank_keeps_gloo_threads_running_once_its_process_group_is_gone(run_on_ranks):
+    # threads left running meet the interpreter's shutdown, where one releasing a collective's
+    # tensors aborts the rank now and then (SIGABRT after a finished run)
+    out, _ = run_on_ranks
+    assert [(out / f"gloo_threads{r}.txt").read_text() for r in range(N_RANKS)] == ["0", "0"]
+
+
 def test_a_run_on_two_ranks_writes_one_file_and_reaches_the_ground_state(run_on_ranks):
     out, data = run_on_ranks
     assert sorted(p.name for p in (out / "results").iterdir()) == ["tiny.h5"]

@@ -141,6 +141,7 @@ def process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT):
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(local_device(device))
+    _import_dynamo_first()
     # env:// rendezvous: MASTER_ADDR, RANK, WORLD_SIZE
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     failed = False
@@ -159,6 +160,20 @@ def process_group(device: torch.device, timeout: float = DEFAULT_TIMEOUT):
         if not failed:  # a group whose peer is gone cannot be torn down collectively
             with contextlib.suppress(RuntimeError):
                 dist.destroy_process_group()
+
+
+def _import_dynamo_first() -> None:
+    """Imports ``torch._dynamo`` before the process group exists.
+
+    ``torch.func`` (the log-derivatives' ``vmap``/``jacrev``) imports it on first use, and
+    imported while a group exists it keeps that group alive after ``destroy_process_group``:
+    gloo's worker threads then outlive the block and run into the interpreter's shutdown.
+    One of them may still be releasing the last barrier's work, whose tensors need the GIL
+    then; the rank aborts ("terminate called without an active exception", about 1 run in
+    50 of the two-rank tests). Imported first, it holds nothing, and the group's threads
+    are joined when the block ends.
+    """
+    import torch._dynamo  # noqa: F401
 
 
 def on_root(decide):
