@@ -169,9 +169,9 @@ def _import_dynamo_first() -> None:
     imported while a group exists it keeps that group alive after ``destroy_process_group``:
     gloo's worker threads then outlive the block and run into the interpreter's shutdown.
     One of them may still be releasing the last barrier's work, whose tensors need the GIL
-    then; the rank aborts ("terminate called without an active exception", about 1 run in
-    50 of the two-rank tests). Imported first, it holds nothing, and the group's threads
-    are joined when the block ends.
+    then; the rank aborts ("terminate called without an active exception": 3 of about 240
+    two-rank resumes of the tiny test config). Imported first, it holds nothing, and the
+    group's threads are joined when the block ends.
     """
     import torch._dynamo  # noqa: F401
 
