@@ -132,8 +132,15 @@ def build_system(system: dict):
             (J, U, mu, n_particles, n_max defaulting to n_particles), as in our configs.
     """
     _require_netket()
-    ham = dict(system.get("hamiltonian", {}))
+    # a resolved config (`Config.to_dict`) lists every option, unset ones as None
+    ham = {key: value for key, value in system.get("hamiltonian", {}).items() if value is not None}
     kind = ham.pop("kind", None)
+    for key in ("J_leg", "J_rung"):
+        if key in ham:
+            raise ValueError(
+                f"hamiltonian.{key}={ham[key]}: the netket peer runs chains and square grids, "
+                "which have no ladder couplings"
+            )
     if kind == "heisenberg":
         return _heisenberg(system, **ham)
     if kind == "bose_hubbard":

@@ -199,3 +199,28 @@ def test_the_peer_refuses_lattices_it_would_build_as_squares(peer):
     system = {"lattice": {"kind": "kagome", "shape": [2, 2]}, "hamiltonian": {"kind": "heisenberg"}}
     with pytest.raises(ValueError, match="lattice.kind=kagome"):
         peer.lattice_extent(system)
+
+
+@pytest.mark.parametrize("name", ["heisenberg_chain16", "heisenberg_4x4", "bose_hubbard_chain12"])
+def test_the_peer_builds_the_system_of_a_resolved_bench_config(peer, name):
+    # `bench_step.py --with-netket` hands over `Config.to_dict()`, where every unset option
+    # (a ladder's J_leg, J_rung) is present as None
+    from pathlib import Path
+
+    from vitqs.build import build_hamiltonian
+    from vitqs.config import load
+
+    config = load(Path(__file__).parents[1] / "configs" / "bench" / f"{name}.yaml", [])
+    resolved = config.to_dict()
+    system = {"lattice": resolved["lattice"], "hamiltonian": resolved["hamiltonian"]}
+    hilbert, _, graph, n_sites, _ = peer.build_system(system)
+    ours = build_hamiltonian(config)
+    assert n_sites == ours.n_sites == hilbert.size
+    if config.hamiltonian.kind == "heisenberg":  # netket cannot index the 12-boson sector
+        assert hilbert.n_states == ours.hilbert.dimension
+
+
+def test_the_peer_refuses_ladder_couplings(peer):
+    system = _system([8], kind="heisenberg", J1=1.0, J_leg=1.0)
+    with pytest.raises(ValueError, match="hamiltonian.J_leg=1.0"):
+        peer.build_system(system)
