@@ -254,6 +254,34 @@ def test_forward_passes_are_bounded_without_a_chunk_size(monkeypatch):
     torch.testing.assert_close(bounded, whole, rtol=1e-13, atol=1e-13)
 
 
+
+def test_local_energies_are_chunked_by_connected_configurations_without_a_chunk_size(
+    monkeypatch,
+):
+    # all 32,768 final samples of the J1-J2 6x6 at once grew the heap past 24 GB (freed
+    # blocks kept between forward passes): without a chunk size the samples go in chunks
+    # of at most DEFAULT_CONNECTED_PER_CHUNK connected configurations
+    import vitqs.vmc.estimators as estimators
+
+    hamiltonian = Heisenberg(Lattice((6,)))  # 7 connected configurations per sample
+    monkeypatch.setattr(estimators, "DEFAULT_CONNECTED_PER_CHUNK", 3 * hamiltonian.max_conn)
+    model = ComplexRBM(6, seed=4)
+    chunks = []
+    get_conn_padded = hamiltonian.get_conn_padded
+
+    def counted(x):
+        chunks.append(x.shape[0])
+        return get_conn_padded(x)
+
+    monkeypatch.setattr(hamiltonian, "get_conn_padded", counted)
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)  # 20 states
+    bounded = local_energy(hamiltonian, model, x)
+    assert chunks == [3] * 6 + [2]
+    chunks.clear()
+    whole = local_energy(hamiltonian, model, x, chunk_size=len(x))
+    assert chunks == [len(x)]
+    torch.testing.assert_close(bounded, whole, rtol=1e-13, atol=1e-13)
+
 @pytest.mark.parametrize(
     ("low", "high", "n_sites"),
     [(-1, 1, 16), (0, 12, 12), (0, 99, 12)],  # spins, bosons, too wide for one int64 code

@@ -192,6 +192,7 @@ def test_resume_refuses_a_changed_hamiltonian_and_continues_a_raised_n_iter(tmp_
         *("run", path, "--resume", "--quiet", "--json", "--set", "optimizer.n_iter=6"),
         *("--set", "sampler.dtype=float64", "--set", "sampler.local_energy_dtype=float32"),
         *("--set", "final.symmetrize=translations"),  # the final average: after the steps
+        *("--set", "sampler.chunk_size=8"),  # memory only
     )
     assert code == 0, err
     assert last_json(out)["n_iter"] == 6

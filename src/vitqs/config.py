@@ -367,7 +367,8 @@ class SamplerConfig(Section):
     sweep_size: int | None = option(None, optional(integer(1)))
     n_discard: int = option(16, integer(0))
     rule: str = option("auto", choice(*RULES))
-    chunk_size: int | None = option(None, optional(integer(1)))
+    # memory only: a run killed for memory resumes with a smaller chunk
+    chunk_size: int | None = option(None, optional(integer(1)), resumable=True)
     # precision of the network copy the Metropolis chains run on (null: the model's dtype);
     # the samples' log ψ, local energies, gradients and SR keep the model's dtype
     # (sampler.py). float32 by default: a float64 ViT's forward passes cost twice as much,

@@ -44,6 +44,12 @@ def sample_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> to
 # energies of 8,192 final samples of the J1-J2 4x4 (65 connected states each) through a
 # model averaged over 8 symmetry copies made one pass of 4.3M rows and ~11 GB.
 DEFAULT_CHUNK_SIZE = 16384
+# Connected configurations per chunk of local energies when no chunk size is given. All
+# 32,768 final samples of the J1-J2 6x6 at once (145 connected states each, a model averaged
+# over 8 copies) peaked at ~24 GB and were killed: the forward passes were bounded, but the
+# heap kept every large block freed between them (8,192 samples: 8.9 GB, 3.0 GB with a fixed
+# malloc mmap threshold). Chunks of equal size reuse their blocks.
+DEFAULT_CONNECTED_PER_CHUNK = 2**18
 
 
 @dataclass(frozen=True)
@@ -285,7 +291,8 @@ def local_energy(
         x: configurations ``(..., N)``, the model's floating dtype.
         log_psi: ``log ψ(x)`` ``(...)`` when already known (e.g. from the sampler).
         chunk_size: sample configurations handled at once (bounds memory to
-            ``chunk_size · max_conn`` configurations); None for all at once.
+            ``chunk_size · max_conn`` configurations); None for as many as have
+            ``DEFAULT_CONNECTED_PER_CHUNK`` connected configurations.
     """
     batch_shape, n_sites = x.shape[:-1], x.shape[-1]
     x = x.reshape(-1, n_sites)
@@ -302,7 +309,7 @@ def local_energy(
 
 def _local_energy_of_rows(hamiltonian, model, x, log_psi, chunk_size, symmetries):
     log_psi = evaluate_log_psi(model, x, chunk_size) if log_psi is None else log_psi
-    step = x.shape[0] if chunk_size is None else chunk_size
+    step = chunk_size or max(1, DEFAULT_CONNECTED_PER_CHUNK // hamiltonian.max_conn)
     parts = [
         _local_energy_chunk(hamiltonian, model, x[s : s + step], log_psi[s : s + step], symmetries)
         for s in range(0, x.shape[0], step)
