@@ -254,7 +254,6 @@ def test_forward_passes_are_bounded_without_a_chunk_size(monkeypatch):
     torch.testing.assert_close(bounded, whole, rtol=1e-13, atol=1e-13)
 
 
-
 def test_local_energies_are_chunked_by_connected_configurations_without_a_chunk_size(
     monkeypatch,
 ):
@@ -281,6 +280,7 @@ def test_local_energies_are_chunked_by_connected_configurations_without_a_chunk_
     whole = local_energy(hamiltonian, model, x, chunk_size=len(x))
     assert chunks == [len(x)]
     torch.testing.assert_close(bounded, whole, rtol=1e-13, atol=1e-13)
+
 
 @pytest.mark.parametrize(
     ("low", "high", "n_sites"),
