@@ -48,7 +48,8 @@ DEFAULT_CHUNK_SIZE = 16384
 # 32,768 final samples of the J1-J2 6x6 at once (145 connected states each, a model averaged
 # over 8 copies) peaked at ~24 GB and were killed: the forward passes were bounded, but the
 # heap kept every large block freed between them (8,192 samples: 8.9 GB, 3.0 GB with a fixed
-# malloc mmap threshold). Chunks of equal size reuse their blocks.
+# malloc mmap threshold). Chunks of equal size reuse their blocks. Connected configurations
+# are evaluated once per orbit within a chunk (a training step's 1,024 samples are one).
 DEFAULT_CONNECTED_PER_CHUNK = 2**18
 
 
