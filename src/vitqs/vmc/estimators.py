@@ -310,7 +310,9 @@ def local_energy(
 
 def _local_energy_of_rows(hamiltonian, model, x, log_psi, chunk_size, symmetries):
     log_psi = evaluate_log_psi(model, x, chunk_size) if log_psi is None else log_psi
-    step = chunk_size or max(1, DEFAULT_CONNECTED_PER_CHUNK // hamiltonian.max_conn)
+    step = chunk_size
+    if step is None:
+        step = max(1, DEFAULT_CONNECTED_PER_CHUNK // hamiltonian.max_conn)
     parts = [
         _local_energy_chunk(hamiltonian, model, x[s : s + step], log_psi[s : s + step], symmetries)
         for s in range(0, x.shape[0], step)
