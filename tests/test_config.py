@@ -238,6 +238,40 @@ BAD = {
         "final.spin_flip=-1 contradicts model.spin_flip=1",
     ),
     "final_spin_flip_choice": (lambda d: d["final"].update(spin_flip=2), "final.spin_flip"),
+    "momentum_per_axis": (
+        lambda d: d["model"].update(symmetrize="translations", momentum=[1, 0]),
+        "model.momentum=[1, 0] must hold one integer per axis of lattice.shape=[6]",
+    ),
+    "momentum_beyond_the_zone": (
+        lambda d: d["model"].update(symmetrize="translations", momentum=6),
+        "model.momentum=[6]: n_0=6 must be below the lattice's 6 cells",
+    ),
+    "momentum_negative": (
+        lambda d: d["model"].update(symmetrize="translations", momentum=[-1]),
+        "model.momentum[0]",
+    ),
+    "momentum_open_axis": (
+        lambda d: (
+            d["model"].update(symmetrize="translations", momentum=[1]),
+            d["lattice"].update(pbc=False),
+        ),
+        "model.momentum=[1] has a momentum along axis 0, which is open",
+    ),
+    "momentum_with_the_space_group": (
+        lambda d: (
+            d["model"].update(symmetrize="translations", momentum=[3]),
+            d["final"].update(symmetrize="space_group"),
+        ),
+        "model.momentum=[3] projects on translations only: the space group's average is the k = 0",
+    ),
+    "momentum_without_a_projection": (
+        lambda d: d["model"].update(momentum=[3]),
+        "model.momentum=[3] needs model.symmetrize or final.symmetrize: translations",
+    ),
+    "momentum_positive": (
+        lambda d: d["model"].update(symmetrize="translations", momentum=[3], positive=True),
+        "model.momentum=[3] needs a complex ψ",
+    ),
 }
 
 

@@ -8,7 +8,11 @@ import pytest
 import torch
 from helpers import ComplexRBM, LookupTable, exact_ground_state, model_vector, rayleigh_quotient
 
-from vitqs.models.symmetrize import Symmetrized, symmetrize_space_group
+from vitqs.models.symmetrize import (
+    final_symmetrized,
+    symmetrize_space_group,
+    symmetrize_translations,
+)
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.estimators import (
@@ -355,6 +359,14 @@ SYMMETRIZED = {
         "space_group",
         0,
     ),
+    # at k = (π, π/2) (model.momentum): ψ(T_a x) = e^{ik·a} ψ(x); only the shifts of phase 1
+    # are shared
+    "square_4x4_momentum_odd": lambda: (
+        Heisenberg(Lattice((4, 4)), J2=0.5),
+        "translations",
+        -1,
+        [2, 1],
+    ),
 }
 
 
@@ -363,10 +375,11 @@ def test_connected_configurations_of_one_orbit_are_evaluated_once(name):
     # a ψ with ψ(g x) = ψ(x) and ψ(−x) = s ψ(x): one connected configuration of each orbit
     # goes through the network, the others take its value (times s per inversion); the local
     # energies stay those of the dense matrix, on every state of the sector
-    hamiltonian, group, spin_flip = SYMMETRIZED[name]()
+    hamiltonian, group, spin_flip, *momentum = SYMMETRIZED[name]()
     lattice = hamiltonian.lattice
     bare = ComplexRBM(hamiltonian.n_sites, seed=7, scale=0.3)
-    model = Symmetrized(bare, lattice.translations, spin_flip=spin_flip)
+    model = symmetrize_translations(bare, lattice, momentum[0] if momentum else None)
+    model = final_symmetrized(model, "none", lattice, spin_flip)
     if group == "space_group":
         model = symmetrize_space_group(model, lattice)
     symmetries = model_symmetries(model, hamiltonian)

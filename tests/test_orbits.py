@@ -164,6 +164,13 @@ SYSTEMS = {
         lambda: Heisenberg(Lattice((6, 2)), J2=0.5),
         lambda lat: _symmetric_vit(lat, spin_flip=-1),
     ),
+    # at k = (π, 0) (model.momentum: [3, 0]): the sums run over orbits of the shifts of phase 1
+    "j1j2_momentum": (
+        lambda: Heisenberg(Lattice((6, 2)), J2=0.5),
+        lambda lat: _built(
+            lat, Heisenberg(lat).hilbert, symmetrize="translations", momentum=[3, 0], spin_flip=1
+        ),
+    ),
     # bosons: a translation-invariant ViT with one-site patches and a Jastrow factor
     "bose_hubbard": (lambda: BoseHubbard(Lattice((6,)), U=3.0, n_particles=6), _boson_vit),
     # bosons on the 3x3, ψ averaged over rotations and reflections: 72 symmetries

@@ -114,7 +114,9 @@ def build_vmc(config: Config) -> VMC:
     check_sector_not_empty(hamiltonian, model, "model.symmetrize / model.spin_flip")
     final = config.final
     if final.symmetrize != "none" or final.spin_flip:  # refused now, not after the steps
-        measured = final_symmetrized(model, final.symmetrize, hamiltonian.lattice, final.spin_flip)
+        measured = final_symmetrized(
+            model, final.symmetrize, hamiltonian.lattice, final.spin_flip, config.model.momentum
+        )
         check_sector_not_empty(hamiltonian, measured, "final.symmetrize / final.spin_flip")
     sampler = build_sampler(config, hamiltonian, model)
     annealed = config.optimizer.anneal_from is not None

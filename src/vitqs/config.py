@@ -339,6 +339,13 @@ class ModelConfig(Section):
     jastrow: bool = option(False, boolean())
     symmetrize: str = option("none", choice(*SYMMETRIZE), free_across_init=True)
     spin_flip: int = option(0, choice(*SPIN_FLIPS), free_across_init=True)
+    # the crystal momentum of the sector that model.symmetrize and final.symmetrize:
+    # translations project on, as integers [n_x, n_y] (one per axis, 0 <= n_i < L_i):
+    # ψ(T_a x) = exp(i k·a) ψ(x) for a shift by a cells, k·a = 2π Σ n_i a_i / L_i. A small
+    # cluster's ground state need not be at k = 0 (the kagome 2x3's is at [1, 0]). null: k = 0
+    momentum: list | None = option(
+        None, optional(int_list((1, 2), minimum=0)), free_across_init=True
+    )
     # std of the head's complex output weights: small, so that log ψ starts near a constant
     # (ψ nearly uniform) and the first steps are not dominated by a random, peaked state; but
     # not too small: at S^z = 0 the uniform state is the fully polarised multiplet's member,
@@ -676,6 +683,7 @@ def _check_consistency(config: Config) -> None:
     _check_positive(config.model, ham)
     _check_final_spin_flip(config)
     _check_singlet_flip(config)
+    _check_momentum_sector(config)
     _check_schedules(config.optimizer)
     _check_momentum(config.optimizer)
     _check_anneal(config)
@@ -708,6 +716,51 @@ def _check_final_spin_flip(config: Config) -> None:
         raise ConfigError(
             f"final.spin_flip={flip} contradicts model.spin_flip={trained}, which the model "
             "already projects on; set final.spin_flip=0 (or equal to model.spin_flip)"
+        )
+
+
+def _check_momentum_sector(config: Config) -> None:
+    """Raises for a ``model.momentum`` that does not fit the lattice or that no projection
+    uses."""
+    momentum, model = config.model.momentum, config.model
+    if not momentum or not any(momentum):
+        return
+    from vitqs.physics.lattice import pbc_per_axis  # physics imports this module
+
+    lattice = config.lattice
+    shape = list(lattice.shape)
+    if len(momentum) != len(shape):
+        raise ConfigError(
+            f"model.momentum={momentum} must hold one integer per axis of lattice.shape={shape}"
+        )
+    pbc = pbc_per_axis(lattice.pbc, len(shape), lattice.resolved_kind)
+    for axis, (n, extent, periodic) in enumerate(zip(momentum, shape, pbc, strict=True)):
+        if not periodic and n:
+            raise ConfigError(
+                f"model.momentum={momentum} has a momentum along axis {axis}, which is open "
+                "(lattice.pbc): only 0 is allowed there"
+            )
+        if n >= extent:
+            raise ConfigError(
+                f"model.momentum={momentum}: n_{axis}={n} must be below the lattice's "
+                f"{extent} cells along axis {axis} (k = 2π n / L)"
+            )
+    projections = {model.symmetrize, config.final.symmetrize}
+    if "space_group" in projections:
+        raise ConfigError(
+            f"model.momentum={momentum} projects on translations only: the space group's "
+            "average is the k = 0 sector; set model.symmetrize and final.symmetrize to "
+            "translations (or none)"
+        )
+    if "translations" not in projections:
+        raise ConfigError(
+            f"model.momentum={momentum} needs model.symmetrize or final.symmetrize: "
+            "translations, the projection it selects the sector of"
+        )
+    if model.positive:
+        raise ConfigError(
+            f"model.momentum={momentum} needs a complex ψ (a state at k ≠ 0 changes sign or "
+            "phase under translations); set model.positive: false"
         )
 
 

@@ -174,8 +174,9 @@ def final_model(config, hamiltonian, model_state: dict, theta=None):
     model.load_state_dict(model_state)
     if theta is not None:
         set_parameter_vector(model, theta)
+    final = config.final
     return final_symmetrized(
-        model, config.final.symmetrize, hamiltonian.lattice, config.final.spin_flip
+        model, final.symmetrize, hamiltonian.lattice, final.spin_flip, config.model.momentum
     )
 
 

@@ -504,7 +504,10 @@ def _measure_final(run: Run, start: float) -> None:
     if averaged is not None:  # the final state is the mean of the late iterates
         set_parameter_vector(vmc.model, averaged[0])
     final = config.final
-    model = final_symmetrized(vmc.model, final.symmetrize, vmc.hamiltonian.lattice, final.spin_flip)
+    lattice = vmc.hamiltonian.lattice
+    model = final_symmetrized(
+        vmc.model, final.symmetrize, lattice, final.spin_flip, config.model.momentum
+    )
     # the final energy and observables are measured on |ψ|² itself, whatever
     # sampler.machine_pow the steps used, and over every state of the sector
     sampler = vmc.sampler.measuring()

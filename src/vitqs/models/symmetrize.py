@@ -1,5 +1,6 @@
-"""Projection of a wave function onto the trivial representation of lattice translations
-(and of the point group), with an optional spin-inversion parity."""
+"""Projection of a wave function onto a sector of the lattice translations (k = 0 by default,
+or a chosen crystal momentum), or onto the trivial representation of the space group, with an
+optional spin-inversion parity."""
 
 from __future__ import annotations
 
@@ -28,13 +29,15 @@ def complex_logsumexp(log_terms: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class Symmetrized(nn.Module):
-    """Returns ``log ψ_sym(x) = log [(1/n_c) Σ_T Σ_{σ} s^σ ψ(σ T x)]``, complex ``(B,)``.
+    """Returns ``log ψ_sym(x) = log [(1/n_c) Σ_T Σ_{σ} s^σ e^{−ik·a_T} ψ(σ T x)]``, complex
+    ``(B,)``.
 
-    ``T`` runs over the ``n_T`` given translations. Without spin flip ``σ = +1`` only
-    (``n_c = n_T``); with ``spin_flip = s ∈ {+1, −1}`` also ``σ = −1`` (global spin inversion
-    ``x → −x``, weight ``s``) and ``n_c = 2 n_T``. Then ``ψ_sym(T x) = ψ_sym(x)`` for every ``T``
-    of the group and ``ψ_sym(−x) = s ψ_sym(x)``. A weight ``−1`` enters the complex logsumexp as
-    ``+iπ``. All ``n_c`` copies go through the model in one batched call.
+    ``T`` runs over the ``n_T`` given translations (shift ``a_T``). Without spin flip ``σ = +1``
+    only (``n_c = n_T``); with ``spin_flip = s ∈ {+1, −1}`` also ``σ = −1`` (global spin
+    inversion ``x → −x``, weight ``s``) and ``n_c = 2 n_T``. Then ``ψ_sym(T x) = e^{ik·a_T}
+    ψ_sym(x)`` for every ``T`` of the group (``k = 0`` unless ``phases`` are given) and
+    ``ψ_sym(−x) = s ψ_sym(x)``. A weight ``−1`` enters the complex logsumexp as ``+iπ``, a
+    weight ``e^{−iθ}`` as ``−iθ``. All ``n_c`` copies go through the model in one batched call.
 
     Args:
         model: maps ``(B, n_sites)`` to complex ``log ψ`` ``(B,)``.
@@ -45,9 +48,21 @@ class Symmetrized(nn.Module):
         group: ``(n_G, n_sites)``, the group the average is invariant under when it is not
             the translations (the space group, when ``translations`` holds rotations and
             reflections too); None for the translations.
+        phases: ``k · a_T`` ``(n_T,)`` of each row of ``translations`` (`momentum_phases`),
+            or None for ``k = 0``.
+        momentum: the integers ``[n_x, n_y]`` of ``k`` (`Lattice.translation_phases`) that
+            ``phases`` come from, kept to tell which translations leave ``ψ_sym`` unchanged.
     """
 
-    def __init__(self, model: nn.Module, translations, spin_flip: int = 0, group=None):
+    def __init__(
+        self,
+        model: nn.Module,
+        translations,
+        spin_flip: int = 0,
+        group=None,
+        phases=None,
+        momentum=None,
+    ):
         super().__init__()
         check_choice("spin_flip", spin_flip, SPIN_FLIPS)
         translations = torch.as_tensor(np.asarray(translations), dtype=torch.long)
@@ -57,9 +72,20 @@ class Symmetrized(nn.Module):
             )
         self.model = model
         self.spin_flip = int(spin_flip)
-        # a sum of positive terms stays positive; an odd spin-flip projection does not
-        self.positive = bool(getattr(model, "positive", False)) and self.spin_flip >= 0
+        self.momentum = tuple(int(n) for n in momentum) if momentum and any(momentum) else None
+        if (phases is None) != (self.momentum is None) or (
+            phases is not None and len(phases) != len(translations)
+        ):
+            raise ValueError("phases (one per translation) must come with a momentum ≠ 0")
+        phases = np.zeros(len(translations)) if phases is None else np.asarray(phases)
+        # a sum of positive terms stays positive; an odd spin-flip projection or a phase does not
+        self.positive = (
+            bool(getattr(model, "positive", False)) and self.spin_flip >= 0 and not self.momentum
+        )
         self.register_buffer("translations", translations, persistent=False)
+        self.register_buffer(  # the weight of each copy is exp(−i k·a_T)
+            "copy_phase", -torch.as_tensor(phases, dtype=torch.float64), persistent=False
+        )
         # the permutations ψ_sym is invariant under when they are more than the translations
         # (`invariances`): the space group, for an average over rotations and reflections too
         self.group = None if group is None else np.asarray(group)
@@ -80,13 +106,15 @@ class Symmetrized(nn.Module):
         log_terms = rearrange(
             log_psi, "(batch f t) -> batch f t", f=len(self.flip_sign), t=x_t.shape[1]
         )
-        log_terms = log_terms + 1j * self.flip_phase.to(log_psi.real.dtype)[:, None]
+        phase = self.flip_phase[:, None] + self.copy_phase[None, :]
+        log_terms = log_terms + 1j * phase.to(log_psi.real.dtype)
         log_terms = rearrange(log_terms, "batch f t -> batch (f t)")
         return complex_logsumexp(log_terms, dim=1) - math.log(log_terms.shape[1])
 
 
-def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
-    """Returns ``model`` averaged over the lattice translations it is not invariant under.
+def symmetrize_translations(model: nn.Module, lattice, momentum=None) -> nn.Module:
+    """Returns ``model`` averaged over the lattice translations it is not invariant under,
+    projected on the crystal momentum ``momentum`` (`Lattice.translation_phases`; None: 0).
 
     A translation-invariant ViT is already invariant under shifts by whole patches, so the
     average over all translations equals the average over one shift per coset: the
@@ -96,27 +124,64 @@ def symmetrize_translations(model: nn.Module, lattice) -> nn.Module:
     if isinstance(model, Symmetrized) and model.translations.shape[0] > 1:
         return model
     inner = model.model if isinstance(model, Symmetrized) else model
-    table = coset_translations(inner, lattice)
+    table, phases = momentum_translations(inner, lattice, momentum)
     if len(table) == 1:
         return model
-    return Symmetrized(model, table)
+    return Symmetrized(
+        model, table, phases=phases, momentum=momentum if phases is not None else None
+    )
+
+
+def momentum_translations(model: nn.Module, lattice, momentum=None):
+    """Returns `coset_translations` and the phase ``k · a_T`` of each, None for ``k = 0``.
+
+    Raises:
+        ValueError: for a ``k`` that ``model`` cannot have: it is invariant under a shift
+            (a whole patch of a translation-invariant ViT) whose phase is not 1, so every
+            term of the projection cancels.
+    """
+    keep = _coset_mask(model, lattice)
+    if not momentum or not any(momentum):
+        return lattice.translations[keep], None
+    phases = lattice.translation_phases(momentum)
+    own, _ = invariances(model, lattice)
+    own_rows = _rows_of(lattice.translations, own)
+    if not np.allclose(np.cos(phases[own_rows]), 1.0):
+        raise ValueError(
+            f"model.momentum={list(momentum)}: the network is invariant under shifts by whole "
+            f"patches (model.translation_invariant: true, model.patch_size), on which this "
+            "momentum's phase is not 1, so its projection vanishes; set "
+            "model.translation_invariant: false (or a patch_size b with n_i b_i a multiple "
+            "of L_i)"
+        )
+    return lattice.translations[keep], phases[keep]
+
+
+def _rows_of(table: np.ndarray, perms: np.ndarray) -> np.ndarray:
+    """Returns the row of ``table`` of each permutation of ``perms``."""
+    index = {tuple(row): i for i, row in enumerate(table)}
+    return np.array([index[tuple(p)] for p in perms], dtype=np.int64)
 
 
 def final_symmetrized(
-    model: nn.Module, symmetrize: str, lattice, spin_flip: int = FinalConfig.spin_flip
+    model: nn.Module,
+    symmetrize: str,
+    lattice,
+    spin_flip: int = FinalConfig.spin_flip,
+    momentum=None,
 ) -> nn.Module:
-    """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `config.SYMMETRIZE`) and
-    projected on the spin-inversion eigenvalue ``final.spin_flip`` (0: none), on the device
-    of its parameters."""
+    """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `config.SYMMETRIZE`),
+    over translations on the crystal momentum ``model.momentum`` (None: 0), and projected on
+    the spin-inversion eigenvalue ``final.spin_flip`` (0: none), on the device of its
+    parameters."""
     if symmetrize not in SYMMETRIZE:
         raise ValueError(f"final.symmetrize={symmetrize!r} is not one of {list(SYMMETRIZE)}")
     check_choice("spin_flip", spin_flip, SPIN_FLIPS)
     device = next(model.parameters()).device
-    if symmetrize != "none":
-        average = (
-            symmetrize_translations if symmetrize == "translations" else symmetrize_space_group
-        )
-        model = average(model, lattice)
+    if symmetrize == "translations":
+        model = symmetrize_translations(model, lattice, momentum)
+    elif symmetrize == "space_group":
+        model = symmetrize_space_group(model, lattice)
     if spin_flip:
         model = _with_spin_flip(model, spin_flip, lattice.n_sites)
     return model.to(device)
@@ -135,7 +200,15 @@ def _with_spin_flip(model: nn.Module, spin_flip: int, n_sites: int) -> nn.Module
             f"model.spin_flip={model.spin_flip}"
         )
     table = model.translations.cpu().numpy()
-    return Symmetrized(model.model, table, spin_flip=spin_flip, group=model.group)
+    phases = None if model.momentum is None else -model.copy_phase.cpu().numpy()
+    return Symmetrized(
+        model.model,
+        table,
+        spin_flip=spin_flip,
+        group=model.group,
+        phases=phases,
+        momentum=model.momentum,
+    )
 
 
 def symmetrize_space_group(model: nn.Module, lattice) -> nn.Module:
@@ -152,6 +225,11 @@ def symmetrize_space_group(model: nn.Module, lattice) -> nn.Module:
     if isinstance(model, Symmetrized):
         if model.group is not None:
             return model
+        if model.momentum is not None:
+            raise ValueError(
+                f"the space group's average is the k = 0 sector, and this model is projected "
+                f"on model.momentum={list(model.momentum)}"
+            )
         spin_flip, model = model.spin_flip, model.model
     table = space_group_table(model, lattice)
     return Symmetrized(model, table, spin_flip=spin_flip, group=lattice.space_group())
@@ -169,12 +247,16 @@ def coset_translations(model: nn.Module, lattice) -> np.ndarray:
     """Returns the translations ``(n_T, n_sites)`` whose average over ``model`` equals the
     average over every translation of ``lattice``: one per coset of the translations that
     ``model`` is invariant under (its ``translation_period``), or all of them."""
-    table = lattice.translations
+    return lattice.translations[_coset_mask(model, lattice)]
+
+
+def _coset_mask(model: nn.Module, lattice) -> np.ndarray:
+    """Returns which rows of ``lattice.translations`` `coset_translations` keeps."""
     period = getattr(model, "translation_period", None)
     if period is None:
-        return table
+        return np.ones(len(lattice.translations), dtype=bool)
     dx, dy = _shift_vectors(lattice)
-    return table[(dx < period[0]) & (dy < period[1])]
+    return (dx < period[0]) & (dy < period[1])
 
 
 def _shift_vectors(lattice) -> tuple[np.ndarray, np.ndarray]:
@@ -190,7 +272,8 @@ def invariances(model: nn.Module, lattice) -> tuple[np.ndarray, int]:
     Returns ``(permutations, spin_flip)``:
     - ``permutations`` ``(n_G, n_sites)``: a group of lattice symmetries with
       ``ψ(g x) = ψ(x)``. A model averaged over the space group has all of it, one averaged
-      over translations all of these. A translation-invariant ViT or a Jastrow
+      over translations all of these (at a momentum k ≠ 0 only those whose phase
+      ``e^{ik·a}`` is 1). A translation-invariant ViT or a Jastrow
       (``translation_period``) has the shifts by whole periods. Any other model has the
       identity only.
     - ``spin_flip``: ``s`` with ``ψ(−x) = s ψ(x)`` (±1), or 0 for no such symmetry.
@@ -201,7 +284,10 @@ def invariances(model: nn.Module, lattice) -> tuple[np.ndarray, int]:
         if model.group is not None:
             return model.group, spin_flip
         if model.translations.shape[0] > 1:  # one shift per coset: every translation
-            return lattice.translations, spin_flip
+            if model.momentum is None:
+                return lattice.translations, spin_flip
+            phases = lattice.translation_phases(model.momentum)
+            return lattice.translations[np.isclose(np.cos(phases), 1.0)], spin_flip
         model = model.model
     table = lattice.translations
     period = getattr(model, "translation_period", None)

@@ -257,6 +257,17 @@ class Lattice:
         ]
         return np.stack(perms).astype(np.int64)
 
+    def translation_phases(self, momentum) -> np.ndarray:
+        """Returns ``k · a_t`` ``(n_translations,)`` for each row of `translations`, with the
+        crystal momentum given as integers ``momentum = [n_x, n_y]`` (one per axis):
+        ``k · a = 2π Σ_i n_i a_i / L_i`` for the shift ``a`` of `translation_shifts`.
+
+        A state of that momentum has ``ψ(T_t x) = exp(i k · a_t) ψ(x)``.
+        """
+        n = np.zeros(2, dtype=np.int64)
+        n[: len(momentum)] = momentum
+        return 2 * np.pi * (self.translation_shifts * n / np.array(self.extent)).sum(axis=1)
+
     def point_group(self) -> np.ndarray:
         """Returns one rotation or reflection per coset of the translations, as permutations
         ``(n_P, n_sites)`` in the convention of `translations`; row 0 is the identity.
