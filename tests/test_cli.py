@@ -46,6 +46,51 @@ def test_ed_set_overrides_scale_the_energy(tmp_path, capsys):
     assert last_json(out)["energy"] == pytest.approx(2 * energy, rel=1e-10)  # E(2J) = 2E(J)
 
 
+@pytest.mark.parametrize(
+    "length, momentum, spin_flip", [(6, [3], -1), (8, [0], 1)], ids=["ring6", "ring8"]
+)
+def test_ed_reports_the_ground_state_sector(tmp_path, capsys, length, momentum, spin_flip):
+    # the Heisenberg ring without the sign rule: ground state at k = π and odd under spin
+    # inversion when L/2 is odd, at k = 0 and even when it is even (Marshall, Lieb-Mattis)
+    data = {
+        "lattice": {"shape": [length], "pbc": True},
+        "hamiltonian": {"kind": "heisenberg", "J1": 1.0, "sign_rule": False},
+    }
+    code, out, err = run_main(capsys, "ed", write_config(tmp_path / "ring.yaml", data), "--json")
+    assert code == 0, err
+    sector = last_json(out)["sector"]
+    assert sector == {
+        "momentum": momentum,
+        "spin_flip": spin_flip,
+        "space_group_symmetric": True if momentum == [0] else None,
+    }
+    assert f"momentum {momentum}" in out and f"spin inversion {spin_flip:+d}" in out
+
+
+def _ring6_run(tmp_path, **model):
+    data = tiny_heisenberg(tmp_path / "out", final={"n_samples": 64, "symmetrize": "translations"})
+    data["hamiltonian"]["sign_rule"] = False
+    data["model"].update(model)
+    data["optimizer"]["n_iter"] = 1
+    return write_config(tmp_path / "ring6.yaml", data)
+
+
+def test_a_run_warns_when_its_sector_holds_no_ground_state(tmp_path, capsys):
+    # the 6-site ring's ground state is at k = π: a final k = 0 projection cannot reach it
+    code, _, err = run_main(capsys, "run", _ring6_run(tmp_path), "--quiet")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1, err
+    assert "final.symmetrize" in warnings[0] and "momentum [3]" in warnings[0]
+    assert "shift by [1] cells the ground state takes the factor -1, ψ +1" in warnings[0]
+    # the same run at k = π (patches of 2: their shifts have phase 1) is not warned about
+    code, _, err = run_main(
+        capsys, "run", _ring6_run(tmp_path, momentum=[3]), "--quiet", "--overwrite"
+    )
+    assert code == 0, err
+    assert "warning" not in err
+
+
 def _mutated(tmp_path, mutate):
     data = tiny_heisenberg(tmp_path / "out")
     mutate(data)

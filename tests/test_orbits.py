@@ -263,3 +263,23 @@ def test_final_space_group_average_of_a_trained_model(spin_flip):
     assert final_symmetrized(trained, "none", lattice) is trained
     with pytest.raises(ValueError, match="final.symmetrize='all'"):
         final_symmetrized(trained, "all", lattice)
+
+
+@pytest.mark.parametrize(
+    "lattice",
+    [
+        Lattice((4, 4)),
+        Lattice((6,)),
+        Lattice((2, 3), kind="kagome"),
+        Lattice((3, 3), kind="honeycomb"),
+    ],
+)
+def test_a_few_generators_make_the_whole_space_group(lattice):
+    # the sector check applies only the generators to a vector: they must generate it all
+    from vitqs.physics.symmetry import _closure, generators
+
+    group = lattice.space_group()
+    chosen = generators(group)
+    assert 1 <= len(chosen) <= 4
+    identity = {tuple(range(lattice.n_sites))}
+    assert _closure(identity, [tuple(group[i]) for i in chosen]) == {tuple(g) for g in group}

@@ -11,15 +11,21 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
 import torch
 
 from vitqs import distributed
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, HeisenbergConfig
-from vitqs.models import build_model, final_symmetrized, invariances
+from vitqs.models import build_model, final_symmetrized, invariances, sector_characters
 from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
-from vitqs.physics.symmetry import sector_orbits
+from vitqs.physics.symmetry import (
+    generators,
+    ground_state_sector,
+    sector_orbits,
+    vector_characters,
+)
 from vitqs.vmc.driver import VMC
 from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 
@@ -155,6 +161,45 @@ def check_sector_not_empty(hamiltonian, model, keys: str) -> None:
         )
 
 
+def ground_state_outside(hamiltonian, model, vector) -> str | None:
+    """Returns what puts the exact ground state ``vector`` outside the symmetry sector that
+    ``model`` lies in for every value of its parameters (its projections, a translation-
+    invariant ViT's shifts by whole patches), or None when it lies inside or its level is
+    degenerate. Such a model's energy stays above the lowest state of its own sector.
+
+    Only the generators of the model's group are applied to the vector: a character of the
+    group is fixed by its values on them.
+    """
+    lattice = hamiltonian.lattice
+    perms, characters, spin_flip = sector_characters(model, lattice)
+    chosen = generators(perms)
+    expected = list(characters[chosen]) + ([spin_flip] if spin_flip else [])
+    found = vector_characters(hamiltonian.hilbert, vector, perms[chosen], bool(spin_flip))
+    if np.any(np.abs(np.abs(found) - 1) > 1e-6):
+        return None  # a degenerate level: no single sector to compare with
+    for index, (got, want) in enumerate(zip(found, expected, strict=True)):
+        if abs(got - want) < 1e-6:
+            continue
+        if index == len(chosen):
+            what = "spin inversion"
+        else:
+            shift = _shift_of(lattice, perms[chosen[index]])
+            what = "a rotation or reflection" if shift is None else f"the shift by {shift} cells"
+        return f"under {what} the ground state takes the factor {_factor(got)}, ψ {_factor(want)}"
+    return None
+
+
+def _shift_of(lattice, perm) -> list | None:
+    rows = np.flatnonzero((lattice.translations == perm).all(axis=1))
+    return None if len(rows) == 0 else lattice.translation_shifts[rows[0]].tolist()[: lattice.ndim]
+
+
+def _factor(value: complex) -> str:
+    if abs(value.imag) < 1e-6:
+        return f"{value.real:+.0f}"
+    return f"exp({np.angle(value) / np.pi:+.3f}iπ)"
+
+
 def exact_ground_state(config: Config, hamiltonian=None, *, use_cache=True, return_vector=False):
     """Returns the exact ``GroundState``, or None when ``exact.enabled`` rules it out.
 
@@ -179,11 +224,14 @@ def exact_ground_state(config: Config, hamiltonian=None, *, use_cache=True, retu
 
 def run_exact(config: Config, *, use_cache=True) -> dict:
     """Returns the ``vitqs ed`` summary: energy, energy per site, dimension, seconds, cached,
-    and the lattice (kind, shape, pbc per axis, sites)."""
+    the lattice (kind, shape, pbc per axis, sites) and the ground state's symmetry sector
+    (`physics.symmetry.ground_state_sector`)."""
     start = time.perf_counter()
     hamiltonian = build_hamiltonian(config)
     try:
-        result = exact.ground_state(hamiltonian, max_dim=config.exact.max_dim, use_cache=use_cache)
+        result = exact.ground_state(
+            hamiltonian, max_dim=config.exact.max_dim, use_cache=use_cache, return_vector=True
+        )
     except exact.SectorTooLargeError as err:
         raise ConfigError(str(err)) from None
     return {
@@ -198,6 +246,7 @@ def run_exact(config: Config, *, use_cache=True) -> dict:
             "pbc": list(hamiltonian.lattice.pbc),
             "n_sites": hamiltonian.lattice.n_sites,
         },
+        "sector": ground_state_sector(hamiltonian, result.vector),
     }
 
 

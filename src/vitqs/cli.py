@@ -75,11 +75,24 @@ def _cmd_ed(args) -> int:
     print(f"  energy           {summary['energy']:.12f}")
     print(f"  energy per site  {summary['energy_per_site']:.12f}")
     print(f"  dimension        {summary['dimension']}")
+    print(f"  sector           {_sector_text(summary['sector'])}")
     cached = " (from cache)" if summary["cached"] else ""
     print(f"  seconds          {summary['seconds']:.3f}{cached}")
     if args.json:
         print(json_line(summary))
     return 0
+
+
+def _sector_text(sector: dict) -> str:
+    """Returns the ground state's symmetry sector as `vitqs ed` prints it."""
+    momentum = sector["momentum"]
+    parts = ["momentum degenerate" if momentum is None else f"momentum {momentum} (2π n_i / L_i)"]
+    if sector["spin_flip"] is not None:
+        parts.append(f"spin inversion {sector['spin_flip']:+d}")
+    if sector["space_group_symmetric"] is not None:
+        symmetric = sector["space_group_symmetric"]
+        parts.append("space-group symmetric" if symmetric else "not space-group symmetric")
+    return ", ".join(parts)
 
 
 def json_line(data) -> str:

@@ -10,6 +10,7 @@ import contextlib
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 import yaml
 
 from vitqs import checkpoint, distributed, results, workfile
-from vitqs.build import build_vmc, exact_ground_state
+from vitqs.build import build_vmc, exact_ground_state, ground_state_outside
 from vitqs.config import Config, ConfigError
 from vitqs.errors import first_line
 from vitqs.models import final_symmetrized, invariances
@@ -27,6 +28,7 @@ from vitqs.physics import exact
 from vitqs.physics.observables import observables_of_vector
 from vitqs.physics.operators import Heisenberg
 from vitqs.physics.reference import EXACT_DIAGONALIZATION, reference_energy
+from vitqs.physics.symmetry import ground_state_sector
 from vitqs.vmc import observables
 from vitqs.vmc.callbacks import ChainsFrozen, FrozenChains
 from vitqs.vmc.driver import (
@@ -213,7 +215,37 @@ def _new_record(config: Config, hamiltonian, model, use_cache: bool) -> results.
         e_inf=hamiltonian.infinite_temperature_energy(),
     )
     record.exact = _exact_reference(config, hamiltonian, use_cache)
+    if record.exact is not None and record.exact["reference"] == EXACT_DIAGONALIZATION:
+        _warn_outside_sector(config, hamiltonian, model, use_cache)
     return record
+
+
+def _warn_outside_sector(config: Config, hamiltonian, model, use_cache: bool) -> None:
+    """Warns (stderr) when the exact ground state lies outside the sector the trained model or
+    the final measurement's ψ is confined to: the run would end above E_exact by at least that
+    sector's gap, whatever its budget (the kagome 2x3's ground state is at k = (π, 0))."""
+    solved = exact_ground_state(config, hamiltonian, use_cache=use_cache, return_vector=True)
+    final = config.final
+    measured = final_symmetrized(
+        model, final.symmetrize, hamiltonian.lattice, final.spin_flip, config.model.momentum
+    )
+    seen = set()
+    for keys, psi in (
+        ("model.symmetrize / spin_flip / momentum / translation_invariant", model),
+        ("final.symmetrize / spin_flip", measured),
+    ):
+        why = ground_state_outside(hamiltonian, psi, solved.vector)
+        if why is None or why in seen:
+            continue
+        seen.add(why)
+        sector = ground_state_sector(hamiltonian, solved.vector)
+        print(
+            f"vitqs run: warning: the exact ground state (momentum {sector['momentum']}, spin "
+            f"inversion {sector['spin_flip']}) lies outside the sector of {keys}: {why}; the "
+            "energy cannot come below that sector's lowest state (`vitqs ed` reports the "
+            "ground state's sector; model.momentum selects a k ≠ 0)",
+            file=sys.stderr,
+        )
 
 
 def _exact_reference(config: Config, hamiltonian, use_cache: bool = True) -> dict | None:

@@ -20,6 +20,7 @@ from vitqs.models.symmetrize import (
     final_symmetrized,
     invariances,
     load_network_state,
+    sector_characters,
     symmetrize_space_group,
     symmetrize_translations,
 )
@@ -37,5 +38,6 @@ __all__ = [
     "symmetrize_space_group",
     "final_symmetrized",
     "invariances",
+    "sector_characters",
     "load_network_state",
 ]

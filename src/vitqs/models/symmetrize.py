@@ -297,6 +297,18 @@ def invariances(model: nn.Module, lattice) -> tuple[np.ndarray, int]:
     return table[(dx % period[0] == 0) & (dy % period[1] == 0)], spin_flip
 
 
+def sector_characters(model: nn.Module, lattice) -> tuple[np.ndarray, np.ndarray, int]:
+    """Returns the sector ``model`` lies in for every value of its parameters:
+    ``(permutations, characters, spin_flip)`` with ``ψ(g x) = χ_g ψ(x)`` for each row ``g``
+    (complex ``χ_g``: ``e^{ik·a}`` for the translations of a model at ``model.momentum``, else
+    1 on `invariances`) and ``ψ(−x) = spin_flip · ψ(x)`` (0: no such constraint)."""
+    perms, spin_flip = invariances(model, lattice)
+    if isinstance(model, Symmetrized) and model.momentum is not None:
+        perms = lattice.translations
+        return perms, np.exp(1j * lattice.translation_phases(model.momentum)), spin_flip
+    return perms, np.ones(len(perms), dtype=np.complex128), spin_flip
+
+
 def load_network_state(model: nn.Module, state: dict) -> None:
     """Loads the ``state_dict`` of a network into ``model``, either of them averaged by
     `Symmetrized` or not.
