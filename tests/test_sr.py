@@ -22,6 +22,7 @@ from vitqs.vmc.sr import (
     natural_gradient,
     parameter_vector,
     set_parameter_vector,
+    solve_gram,
     solve_shifted,
 )
 
@@ -287,6 +288,38 @@ def test_singular_matrix_falls_back_to_a_pseudo_inverse():
     solution = solve_shifted(A, b, diag_shift=0.0)
     assert torch.isfinite(solution).all()
     torch.testing.assert_close(solution, torch.linalg.pinv(A) @ b, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("rows", [True, False], ids=["minsr_kernel", "sr_matrix"])
+@pytest.mark.parametrize("shape", [(300, 120), (120, 300)])
+@pytest.mark.parametrize("decay", [0, 4])
+def test_the_mixed_precision_solve_is_the_float64_one(rows, shape, decay):
+    # a float32 Gram matrix refined with float64 residuals: the float64 solution, whether
+    # refined (λ well above float32's resolution of A) or solved again in float64 (λ = 0,
+    # tiny λ): the difference is the float64 solve's own rounding, ~cond · 1e-16
+    gen = torch.Generator().manual_seed(decay)
+    n, p = shape
+    left = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0]
+    right = torch.linalg.qr(torch.randn(p, p, generator=gen, dtype=torch.float64))[0]
+    k = min(n, p)
+    singular = torch.logspace(0, -decay, k, dtype=torch.float64)  # condition up to 1e8
+    X = (left[:, :k] * singular) @ right[:, :k].T
+    b = torch.randn(n if rows else p, generator=gen, dtype=torch.float64)
+    A = X @ X.T if rows else X.T @ X
+    # the smallest eigenvalue of A: 0 where A (n x n or p x p) has rank k below its size
+    smallest = float(singular[-1]) ** 2 if len(A) == k else 0.0
+    for diag_shift in (1e-1, 1e-3, 1e-5, 1e-9, 0.0):
+        if smallest + diag_shift == 0:
+            continue  # singular: a pseudo-inverse, compared in another test
+        expected = solve_shifted(A, b, diag_shift)
+        got = solve_gram(X, b, diag_shift, rows=rows)
+        assert got.dtype == torch.float64
+        error = float((got - expected).norm() / expected.norm())
+        condition = (1 + diag_shift) / (smallest + diag_shift)
+        assert error < 1e-12 + 1e-14 * condition, (diag_shift, condition, error)
+    nan_row = X.clone()
+    nan_row[2, 1] = float("nan")
+    assert torch.isnan(solve_gram(nan_row, b, 1e-3, rows=rows)).all()
 
 
 def test_clipping_moves_only_the_outliers_onto_the_limit():
