@@ -200,8 +200,11 @@ def natural_gradient(
       Phys. 2024): ``g = Xᵀ (XXᵀ + λI_{2N_s})⁻¹ e``, a ``2N_s × 2N_s`` solve;
     - ``auto``: the smaller of the two.
 
-    Solved in float64 by Cholesky, falling back to an eigendecomposition pseudo-inverse when
-    the shifted matrix is not numerically positive definite (e.g. ``λ = 0``).
+    Solved to float64 accuracy (`solve_gram`): a Cholesky factor of the float32 Gram matrix,
+    refined with float64 residuals; where that does not converge, the float64 Gram matrix by
+    Cholesky, falling back to an eigendecomposition pseudo-inverse when the shifted matrix is
+    not numerically positive definite (e.g. ``λ = 0``). Multi-rank solves use the float64
+    Gram matrix.
 
     Across ``torch.distributed`` ranks (each holding its own samples), ``sr`` sums ``S`` and
     ``F`` over ranks, and ``minsr`` builds the kernel from every rank's rows of ``X`` (each
