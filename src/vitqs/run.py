@@ -214,17 +214,17 @@ def _new_record(config: Config, hamiltonian, model, use_cache: bool) -> results.
         n_params=sum(p.numel() for p in model.parameters()),
         e_inf=hamiltonian.infinite_temperature_energy(),
     )
-    record.exact = _exact_reference(config, hamiltonian, use_cache)
-    if record.exact is not None and record.exact["reference"] == EXACT_DIAGONALIZATION:
-        _warn_outside_sector(config, hamiltonian, model, use_cache)
+    record.exact, vector = _exact_reference(config, hamiltonian, use_cache)
+    if vector is not None:
+        _warn_outside_sector(config, hamiltonian, model, vector)
     return record
 
 
-def _warn_outside_sector(config: Config, hamiltonian, model, use_cache: bool) -> None:
-    """Warns (stderr) when the exact ground state lies outside the sector the trained model or
-    the final measurement's ψ is confined to: the run would end above E_exact by at least that
-    sector's gap, whatever its budget (the kagome 2x3's ground state is at k = (π, 0))."""
-    solved = exact_ground_state(config, hamiltonian, use_cache=use_cache, return_vector=True)
+def _warn_outside_sector(config: Config, hamiltonian, model, vector) -> None:
+    """Warns (stderr) when the exact ground state ``vector`` lies outside the sector the
+    trained model or the final measurement's ψ is confined to: the run would end above
+    E_exact by at least that sector's gap, whatever its budget (the kagome 2x3's ground state
+    is at k = (π, 0))."""
     final = config.final
     measured = final_symmetrized(
         model, final.symmetrize, hamiltonian.lattice, final.spin_flip, config.model.momentum
@@ -234,11 +234,11 @@ def _warn_outside_sector(config: Config, hamiltonian, model, use_cache: bool) ->
         ("model.symmetrize / spin_flip / momentum / translation_invariant", model),
         ("final.symmetrize / spin_flip", measured),
     ):
-        why = ground_state_outside(hamiltonian, psi, solved.vector)
+        why = ground_state_outside(hamiltonian, psi, vector)
         if why is None or why in seen:
             continue
         seen.add(why)
-        sector = ground_state_sector(hamiltonian, solved.vector)
+        sector = ground_state_sector(hamiltonian, vector)
         print(
             f"vitqs run: warning: the exact ground state (momentum {sector['momentum']}, spin "
             f"inversion {sector['spin_flip']}) lies outside the sector of {keys}: {why}; the "
@@ -248,23 +248,25 @@ def _warn_outside_sector(config: Config, hamiltonian, model, use_cache: bool) ->
         )
 
 
-def _exact_reference(config: Config, hamiltonian, use_cache: bool = True) -> dict | None:
-    """Returns the record's ``exact`` group: exact diagonalization where ``exact.*`` lets it
-    run, else (``exact.enabled: auto`` past ``exact.max_dim``) the Bethe-ansatz or published
-    energy of `physics.reference`, else None. Raises ConfigError when ``exact.enabled: true``
-    and the sector is above ``exact.max_dim``."""
+def _exact_reference(config: Config, hamiltonian, use_cache: bool = True):
+    """Returns ``(group, vector)``: the record's ``exact`` group — exact diagonalization where
+    ``exact.*`` lets it run, else (``exact.enabled: auto`` past ``exact.max_dim``) the
+    Bethe-ansatz or published energy of `physics.reference`, else None — and the exact ground
+    state's vector (None without ED). Raises ConfigError when ``exact.enabled: true`` and the
+    sector is above ``exact.max_dim``."""
     # rank 0 alone writes the record: the others need not diagonalize
     if not distributed.is_root() or config.exact.enabled is False:
-        return None
+        return None, None
     start = time.perf_counter()
-    solved = exact_ground_state(config, hamiltonian, use_cache=use_cache)
+    solved = exact_ground_state(config, hamiltonian, use_cache=use_cache, return_vector=True)
+    vector = None
     if solved is not None:
         energy, dimension, seconds = solved.energy, solved.dimension, solved.seconds
-        method = EXACT_DIAGONALIZATION
+        method, vector = EXACT_DIAGONALIZATION, solved.vector
     else:
         found = reference_energy(hamiltonian)
         if found is None:
-            return None
+            return None, None
         energy, dimension, method = found.energy, 0, found.method
         seconds = time.perf_counter() - start
     return {
@@ -273,7 +275,7 @@ def _exact_reference(config: Config, hamiltonian, use_cache: bool = True) -> dic
         "dimension": dimension,
         "seconds": seconds,
         "reference": method,
-    }
+    }, vector
 
 
 def _restore(config, path, vmc: VMC, use_cache) -> Run:
@@ -303,7 +305,7 @@ def _restore(config, path, vmc: VMC, use_cache) -> Run:
         )
     if earlier.get("exact") != current["exact"]:
         # exact.* may change on a resume: settle the reference (or refuse) before any step
-        record.exact = _exact_reference(config, hamiltonian, use_cache)
+        record.exact, _ = _exact_reference(config, hamiltonian, use_cache)
     # the loop's clock goes on from the checkpoint's
     vmc.seconds_before = checkpoint.load_state(record.checkpoint, f"--resume: '{path}'", vmc)
     # steps after the checkpoint (a run stopped by a failure) are done again
