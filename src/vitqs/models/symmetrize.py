@@ -48,7 +48,7 @@ class Symmetrized(nn.Module):
         group: ``(n_G, n_sites)``, the group the average is invariant under when it is not
             the translations (the space group, when ``translations`` holds rotations and
             reflections too); None for the translations.
-        phases: ``k · a_T`` ``(n_T,)`` of each row of ``translations`` (`momentum_phases`),
+        phases: ``k · a_T`` ``(n_T,)`` of each row of ``translations`` (`momentum_translations`),
             or None for ``k = 0``.
         momentum: the integers ``[n_x, n_y]`` of ``k`` (`Lattice.translation_phases`) that
             ``phases`` come from, kept to tell which translations leave ``ψ_sym`` unchanged.
