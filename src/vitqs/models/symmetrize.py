@@ -91,13 +91,13 @@ class Symmetrized(nn.Module):
         self.group = None if group is None else np.asarray(group)
         # Each spin-inversion sector σ: the factor on x and the phase of its weight s^σ.
         signs = (1.0, -1.0) if spin_flip else (1.0,)
-        phases = (0.0, 0.0 if spin_flip > 0 else math.pi) if spin_flip else (0.0,)
+        flip_phase = (0.0, 0.0 if spin_flip > 0 else math.pi) if spin_flip else (0.0,)
         self.register_buffer(
             "flip_sign", torch.tensor(signs, dtype=torch.float64), persistent=False
         )
-        self.register_buffer(
-            "flip_phase", torch.tensor(phases, dtype=torch.float64), persistent=False
-        )
+        # the phase of each copy's weight s^σ e^{−ik·a_T}, (σ, T): added once per forward
+        weight_phase = torch.tensor(flip_phase, dtype=torch.float64)[:, None] + self.copy_phase
+        self.register_buffer("weight_phase", weight_phase, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_t = x[:, self.translations]  # (batch, t, site)
@@ -106,8 +106,7 @@ class Symmetrized(nn.Module):
         log_terms = rearrange(
             log_psi, "(batch f t) -> batch f t", f=len(self.flip_sign), t=x_t.shape[1]
         )
-        phase = self.flip_phase[:, None] + self.copy_phase[None, :]
-        log_terms = log_terms + 1j * phase.to(log_psi.real.dtype)
+        log_terms = log_terms + 1j * self.weight_phase.to(log_psi.real.dtype)
         log_terms = rearrange(log_terms, "batch f t -> batch (f t)")
         return complex_logsumexp(log_terms, dim=1) - math.log(log_terms.shape[1])
 
