@@ -10,7 +10,7 @@ from helpers import CHAIN, SQUARE, random_bosons, random_spins
 from vitqs.models import ViT
 from vitqs.models.patching import PatchGrid
 from vitqs.models.precision import NetworkCopy
-from vitqs.models.vit import HEAD_INIT_STD
+from vitqs.models.vit import HEAD_INIT_STD, exact_gelu
 from vitqs.physics.lattice import Lattice
 from vitqs.vmc.sr import parameter_vector, set_parameter_vector
 
@@ -222,3 +222,29 @@ def test_fused_attention_follows_every_parameter_update(lattice):
         model.load_state_dict(other.state_dict())
         after_load = model(x)
     torch.testing.assert_close(after_load, other(x).detach(), rtol=0, atol=1e-12)
+
+
+def test_exact_gelu_is_torchs_gelu():
+    """The float64 GELU spelled out for speed is ``F.gelu`` to rounding, tails included."""
+    x = torch.cat([torch.linspace(-40, 40, 8001, dtype=torch.float64), torch.randn(1000) * 3])
+    expected = torch.nn.functional.gelu(x)
+    torch.testing.assert_close(exact_gelu(x.clone()), expected, rtol=1e-14, atol=1e-15)
+    x32 = x.float()
+    torch.testing.assert_close(exact_gelu(x32), torch.nn.functional.gelu(x32), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("attention", "embedding"), [("factored", "linear"), ("full", "onehot")])
+def test_forward_without_gradients_in_batches_equals_the_autograd_forward(attention, embedding):
+    """Without gradients a large batch goes through the network in passes of
+    `_rows_per_pass` configurations, with the MLP's hidden layer updated in place; with
+    gradients in one pass through ``nn.Sequential``. Same log ψ (and so the same energies)."""
+    model = ViT(SQUARE.shape, 2, 8, 2, 2, attention, True, embedding, (-1, 1), jastrow=True)
+    rows = model._rows_per_pass(torch.zeros((), dtype=torch.float64))
+    x = random_spins(2 * rows + 3, SQUARE.n_sites)
+    with torch.no_grad():
+        for parameter in model.parameters():  # away from the initial near-uniform state
+            parameter.add_(0.3 * torch.randn_like(parameter))
+        batched = model(x)
+    with_autograd = model(x).detach()
+    assert with_autograd.real.std() > 0.1
+    torch.testing.assert_close(batched, with_autograd, rtol=0, atol=1e-12)
