@@ -16,6 +16,7 @@ from vitqs.models.symmetrize import (
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.estimators import (
+    _orbit_codes,
     distinct_rows,
     evaluate_log_psi,
     importance_statistics,
@@ -414,3 +415,29 @@ def test_connected_configurations_of_one_orbit_are_evaluated_once(name):
 def test_a_model_with_no_symmetry_has_none_to_share():
     hamiltonian = Heisenberg(Lattice((6,)))
     assert model_symmetries(ComplexRBM(6, seed=1), hamiltonian) is None
+
+
+@pytest.mark.parametrize("n_sites", [20, 60], ids=["float64 product", "int64 gather"])
+@pytest.mark.parametrize("spin_flip", [0, 1])
+def test_orbit_codes_are_the_smallest_image_codes(n_sites, spin_flip):
+    # codes of every image g x (and −g x) written out with Python integers: the smallest one
+    # per row and whether an inverted image gives it. 2^20 codes go through one float64
+    # product, 2^60 (past float64's exact integers) through gathered int64 digits.
+    generator = torch.Generator().manual_seed(3)
+    group = torch.stack([torch.randperm(n_sites, generator=generator) for _ in range(7)])
+    group[0] = torch.arange(n_sites)
+    x = torch.where(torch.rand(50, n_sites, generator=generator) < 0.5, -1.0, 1.0)
+    x[1] = -x[0]  # one orbit reached both ways
+    codes, inverted = _orbit_codes(x, group, spin_flip)
+
+    def code(row):
+        return sum(int(s > 0) << n for n, s in enumerate(row))
+
+    for m, row in enumerate(x.tolist()):
+        images = [[row[i] for i in g] for g in group.tolist()]
+        flipped = [[-s for s in image] for image in images] if spin_flip else []
+        image_codes = [code(image) for image in images + flipped]
+        smallest = min(image_codes)
+        assert int(codes[m]) == smallest
+        assert bool(inverted[m]) == (image_codes.index(smallest) >= len(images))
+    assert (codes[0] == codes[1]) == bool(spin_flip)
