@@ -21,8 +21,8 @@ from vitqs.models.patching import PatchGrid
 
 # the head's initial std is model.head_init_std (config.py says why 0.1)
 HEAD_INIT_STD = ModelConfig.head_init_std
-# Forward passes without gradients (sampling, local energies, full sums) go in batches whose
-# largest activation is ~2 MiB. On CPU larger ones leave the caches and are allocated fresh
+# Forward passes on CPU without gradients (sampling, local energies, full sums) go in batches
+# whose largest activation is ~2 MiB. Larger ones leave the caches and are allocated fresh
 # (page faults) at every pass: per configuration, a 64-site chain's float64 forward cost
 # 49-61 µs at 64-256 configurations and 101-122 µs at 1,024-4,096, a 6x6's 17-18 µs at
 # 128-512 and 29-31 µs at 2,048-4,096 (one core, results/performance.md).
@@ -258,15 +258,17 @@ class ViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.head.weight_re.dtype)
+        if torch.is_grad_enabled() or x.device.type != "cpu":
+            return self._log_psi(x)
         rows = self._rows_per_pass(x)
-        if torch.is_grad_enabled() or x.shape[0] <= rows:
+        if x.shape[0] <= rows:
             return self._log_psi(x)
         return torch.cat([self._log_psi(part) for part in x.split(rows)])
 
     def _rows_per_pass(self, x: torch.Tensor) -> int:
-        """Configurations per forward pass without gradients: as many as keep the largest
-        activation (the MLP's hidden layer, or full attention's logits) near
-        ``ACTIVATION_BYTES``."""
+        """Configurations per forward pass without gradients on CPU: as many as keep the
+        largest activation (the MLP's hidden layer, or full attention's logits) near
+        ``ACTIVATION_BYTES``. A GPU takes the whole batch."""
         n_patches, d_model = self.grid.n_patches, self.head.weight_re.shape[1]
         width = 4 * d_model
         attention = self.blocks[0].attention if len(self.blocks) else None
