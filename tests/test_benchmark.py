@@ -91,3 +91,19 @@ def test_with_netket_skips_with_one_line_when_netket_is_absent(tmp_path):
     skipped = [line for line in done.stdout.splitlines() if "--with-netket" in line]
     assert len(skipped) == 1 and "netket is not available" in skipped[0]
     assert "ours/netket" not in done.stdout
+
+
+def test_bench_forward_script_prints_a_row_per_dtype(tmp_path):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    script = BENCH_STEP.parent / "bench_forward.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(path), "--batches", "8,16", "--total", "32"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| network | dtype | B = 8 | B = 16 |"
+    assert [row.split(" | ")[1] for row in rows[1:]] == ["float64", "float32"]
+    assert all(row.count("µs") == 2 for row in rows[1:])
