@@ -66,7 +66,8 @@ def main() -> None:
         for batch in batches:
             mib = batch * n_patches * 4 * d_model * x.element_size() / 2**20
             cells.append(f"{per_configuration(network, x, batch) * 1e6:.0f} µs ({mib:.1f} MiB)")
-        print(f"| {config.name} | {str(dtype).removeprefix('torch.')} | {' | '.join(cells)} |")
+        name = f"{config.name}, {hamiltonian.n_sites} sites"
+        print(f"| {name} | {str(dtype).removeprefix('torch.')} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
