@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from vitqs.config import ATTENTIONS, EMBEDDINGS, ModelConfig
 from vitqs.models._checks import check_choice, check_heads_divide, check_positive_int
-from vitqs.models.attention import FullAttention, make_attention
+from vitqs.models.attention import make_attention
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.patching import PatchGrid
 
@@ -248,6 +248,12 @@ class ViT(nn.Module):
         self.head = LogCoshHead(
             d_model, n_hidden=d_model, init_std=float(head_init_std), positive=self.positive
         )
+        # numbers in a configuration's largest activation: the MLP's hidden layer, or full
+        # attention's logits (`_rows_per_pass`)
+        width = 4 * d_model
+        if attention == "full":
+            width = max(width, heads * self.grid.n_patches)
+        self._activation_width = self.grid.n_patches * width
         self.jastrow = None
         if jastrow:
             # occupations (more than two values): a free on-site table u(n), see ``Jastrow``;
@@ -269,12 +275,7 @@ class ViT(nn.Module):
         """Configurations per forward pass without gradients on CPU: as many as keep the
         largest activation (the MLP's hidden layer, or full attention's logits) near
         ``ACTIVATION_BYTES``. A GPU takes the whole batch."""
-        n_patches, d_model = self.grid.n_patches, self.head.weight_re.shape[1]
-        width = 4 * d_model
-        attention = self.blocks[0].attention if len(self.blocks) else None
-        if isinstance(attention, FullAttention):
-            width = max(width, attention.heads * n_patches)
-        row_bytes = n_patches * width * x.element_size()
+        row_bytes = self._activation_width * x.element_size()
         return max(MIN_ROWS_PER_PASS, ACTIVATION_BYTES // row_bytes)
 
     def _log_psi(self, x: torch.Tensor) -> torch.Tensor:
