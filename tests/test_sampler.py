@@ -27,18 +27,21 @@ CASES = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sector_table", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.usefixtures("single_thread")
-def test_metropolis_histogram_matches_exact_distribution(case):
-    """Independent chains (one sample each, after thermalisation) follow |ψ|²/Σ|ψ|²."""
+def test_metropolis_histogram_matches_exact_distribution(case, sector_table):
+    """Independent chains (one sample each, after thermalisation) follow |ψ|²/Σ|ψ|², with a
+    forward pass per proposal step and walking the sector's table."""
     make_hamiltonian, rule, scale = CASES[case]
     hamiltonian = make_hamiltonian()
     hilbert = hamiltonian.hilbert
     model = ComplexRBM(hilbert.n_sites, n_hidden=4, scale=scale, seed=3)
     n_chains = 10000
     sampler = MetropolisSampler(
-        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, rule=rule, seed=7
-    )
+        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, rule=rule, seed=7,
+        sector_table=sector_table,
+    )  # fmt: skip
     samples = sampler.sample(model)
     counts = np.bincount(hilbert.state_index(samples.x[:, 0]), minlength=hilbert.dimension)
     probabilities = np.abs(model_vector(model, hilbert)) ** 2
@@ -107,7 +110,9 @@ def test_chains_started_on_one_configuration_sample_the_exact_distribution():
     hilbert = hamiltonian.hilbert
     model = ComplexRBM(4, n_hidden=4, scale=0.15, seed=3)
     n_chains = 10000
-    sampler = MetropolisSampler(hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30)
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, sector_table=False
+    )  # the table walk evaluates no proposal
     filling = torch.ones((n_chains, 4), dtype=torch.float64)  # every chain on |1111⟩
     sampler.load_state_dict(
         {"chains": filling, "generator": torch.Generator().manual_seed(7).get_state()}

@@ -107,6 +107,7 @@ def build_sampler(config: Config, hamiltonian, model=None):
             dtype=_torch_dtype(cfg.dtype),
             machine_pow=cfg.machine_pow,
             bare_chains=cfg.bare_chains,
+            sector_table=cfg.sector_table,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None

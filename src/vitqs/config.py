@@ -394,6 +394,10 @@ class SamplerConfig(Section):
     # and every kept sample x is weighted by |ψ_sym(x)|²/|φ(x)|^machine_pow, so energies,
     # gradients and S stay those of |ψ_sym|². The final measurement samples |ψ|² itself
     bare_chains: bool = option(False, boolean())
+    # on a sector with no more states than a step's sampling makes proposals, the chains walk
+    # it by table look-up: one forward pass over the sector instead of one per proposal step,
+    # the same chains from the same random numbers (vmc/sector_walk.py). false: never
+    sector_table: bool = option(True, boolean(), resumable=True)
     # more samples late in the run: n_samples_late per step once late_fraction of n_iter (or
     # of optimizer.max_seconds, whichever comes first) has passed
     n_samples_late: int | None = option(None, optional(integer(1)))

@@ -43,7 +43,7 @@ import copy
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 
 import numpy as np
 import scipy.sparse as sp
@@ -56,6 +56,7 @@ from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.symmetry import sector_orbits
 from vitqs.vmc.estimators import distinct_rows, evaluate_log_psi, local_energy
+from vitqs.vmc.sector_walk import SectorMoves, apply_moves, sector_moves
 
 # Rank r seeds its generator with seed + r * _RANK_SEED_STRIDE: streams far apart for the
 # seeds a user picks by hand (0, 1, 42 ...), whose runs stay distinct on any number of ranks.
@@ -215,6 +216,10 @@ class MetropolisSampler(Sampler):
             model itself. The samples' ``log ψ`` always come from the model.
         machine_pow: the chains sample ``|ψ|^machine_pow`` (netket's name); samples then
             carry importance weights ``|ψ|^(2 − machine_pow)``. Default 2: ``|ψ|²``.
+        bare_chains: chains on the network under a `Symmetrized` model, weighted to it.
+        sector_table: on a sector with no more states than a call makes proposals, the
+            chains walk it by table look-up (`sector_walk`): the same chains, one forward
+            pass per call. False: a forward pass per proposal step always.
     """
 
     def __init__(
@@ -230,6 +235,7 @@ class MetropolisSampler(Sampler):
         dtype: torch.dtype | None = None,
         machine_pow: float = SamplerConfig.machine_pow,
         bare_chains: bool = SamplerConfig.bare_chains,
+        sector_table: bool = SamplerConfig.sector_table,
     ):
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
@@ -254,6 +260,7 @@ class MetropolisSampler(Sampler):
             raise ValueError(f"sampler.machine_pow={machine_pow} must be a positive number")
         self.machine_pow = float(machine_pow)
         self.bare_chains = bool(bare_chains)
+        self.sector_table = bool(sector_table)
         self._generator: torch.Generator | None = None
         self._chains: torch.Tensor | None = None
         self._pending_state: dict | None = None
@@ -408,33 +415,20 @@ class MetropolisSampler(Sampler):
         n_discard = self.n_discard if n_discard is None else n_discard
         # bare chains: on the network under a symmetry average, n_copies times cheaper
         chained = model.model if self.bare_chains and isinstance(model, Symmetrized) else model
-        network = self._network_of_chains(chained)
-        x = self._chains
-        log_psi = evaluate_log_psi(network, x)  # cached for the current chain states
-        accepted = torch.zeros((), dtype=torch.int64, device=device)
-        # chains that share their configurations propose the same moves: evaluate each
-        # distinct proposal once (worth its cost only then; decided from the chain states)
-        distinct = device.type == "cpu" and 2 * distinct_rows(x).n_distinct < self.n_chains
-        step = partial(self._metropolis_step, network, distinct=distinct)
-        for _ in range(n_discard * self.sweep_size):
-            x, log_psi, accepted = step(x, log_psi, accepted)
-        samples_x = torch.empty(
-            (self.n_chains, self.n_per_chain, self.n_sites), dtype=dtype, device=device
-        )
-        samples_log_psi = torch.empty(
-            (self.n_chains, self.n_per_chain), dtype=log_psi.dtype, device=device
-        )
-        for s in range(self.n_per_chain):
-            for _ in range(self.sweep_size):
-                x, log_psi, accepted = step(x, log_psi, accepted)
-            samples_x[:, s] = x
-            samples_log_psi[:, s] = log_psi
-        self._chains = x
-        chain_log_psi = samples_log_psi  # of the network the chains ran on
+        n_proposals = self.n_chains * self.sweep_size * (n_discard + self.n_per_chain)
+        if self._walks_sector(n_proposals):
+            # a sector no larger than the kept samples is tabled by the network itself: one
+            # forward pass, where the copy's would be followed by the samples' own
+            small = self.hilbert.dimension <= self.n_chains * self.n_per_chain
+            network = chained if small else self._network_of_chains(chained)
+            samples_x, chain_log_psi, accepted = self._walk_sector(network, n_discard)
+        else:
+            network = self._network_of_chains(chained)
+            samples_x, chain_log_psi, accepted = self._run_chains(network, n_discard)
+        samples_log_psi = chain_log_psi  # of the network the chains ran on
         if network is not model:  # the kept samples' log ψ from the model itself
             flat = samples_x.reshape(-1, self.n_sites)
             samples_log_psi = _log_psi_of_distinct(model, flat).reshape(samples_x.shape[:2])
-        n_proposals = self.n_chains * self.sweep_size * (n_discard + self.n_per_chain)
         counts = torch.stack(
             [accepted.to(torch.float64), torch.tensor(float(n_proposals), device=device)]
         )
@@ -447,6 +441,77 @@ class MetropolisSampler(Sampler):
         elif self.machine_pow != 2.0:
             log_importance = (2.0 - self.machine_pow) * samples_log_psi.real.to(torch.float64)
         return Samples(samples_x, samples_log_psi, None, acceptance, log_importance)
+
+    def _run_chains(self, network, n_discard: int):
+        """Advances the chains ``n_discard`` sweeps, then keeps their states after each of
+        ``n_per_chain`` sweeps; returns the kept configurations ``(C, n_per_chain, N)``, their
+        log ψ under ``network`` and the number of accepted moves (a 0-d tensor)."""
+        x = self._chains
+        log_psi = evaluate_log_psi(network, x)  # cached for the current chain states
+        accepted = torch.zeros((), dtype=torch.int64, device=x.device)
+        # chains that share their configurations propose the same moves: evaluate each
+        # distinct proposal once (worth its cost only then; decided from the chain states)
+        distinct = x.device.type == "cpu" and 2 * distinct_rows(x).n_distinct < self.n_chains
+        step = partial(self._metropolis_step, network, distinct=distinct)
+        for _ in range(n_discard * self.sweep_size):
+            x, log_psi, accepted = step(x, log_psi, accepted)
+        kept = (self.n_chains, self.n_per_chain)
+        samples_x = torch.empty((*kept, self.n_sites), dtype=x.dtype, device=x.device)
+        samples_log_psi = torch.empty(kept, dtype=log_psi.dtype, device=x.device)
+        for s in range(self.n_per_chain):
+            for _ in range(self.sweep_size):
+                x, log_psi, accepted = step(x, log_psi, accepted)
+            samples_x[:, s] = x
+            samples_log_psi[:, s] = log_psi
+        self._chains = x
+        return samples_x, samples_log_psi, accepted
+
+    def _walks_sector(self, n_proposals: int) -> bool:
+        """Returns whether this call's chains walk the sector by table look-up: the sector
+        has no more states than the call makes proposals (one forward pass over it then
+        costs less than theirs) and its move table fits `sector_walk.MAX_TABLE_ENTRIES`."""
+        if not self.sector_table or self.rule == "exchange_global":
+            return False
+        return self.hilbert.dimension <= n_proposals and self._sector is not None
+
+    @cached_property
+    def _sector(self) -> SectorMoves | None:
+        return sector_moves(self.hilbert, self._moves, self.rule)
+
+    def _walk_sector(self, network, n_discard: int):
+        """`_run_chains` by table look-up (sector_walk.py): the same proposals and
+        acceptance tests from the same random numbers, the log ψ of every state from one
+        forward pass over the sector."""
+        device, dtype = self._chains.device, self._chains.dtype
+        states = self._sector.states.to(device=device, dtype=dtype)  # (S, N)
+        targets = self._sector.targets.to(device)  # (S, n_moves), −1: an invalid move
+        log_psi = evaluate_log_psi(network, states)  # (S,)
+        # entry −1 (an invalid move's target) weighs nothing: log u < −inf is never true
+        log_weight = torch.cat(
+            [self.machine_pow * log_psi.real, log_psi.real.new_full((1,), -math.inf)]
+        )
+        index = torch.as_tensor(self.hilbert.state_index(self._chains), device=device)  # (C,)
+        n_chains, n_moves = len(index), targets.shape[1]
+        accepted = torch.zeros(n_chains, dtype=torch.int64, device=device)  # per chain
+
+        def step(index):
+            pick = torch.randint(n_moves, (n_chains,), generator=self._generator, device=device)
+            target = targets[index, pick]
+            log_ratio = log_weight[target] - log_weight[index]
+            log_u = torch.log(torch.rand(n_chains, generator=self._generator, device=device))
+            accept = log_u < log_ratio  # NaN ratios compare False
+            accepted.add_(accept)
+            return torch.where(accept, target, index)
+
+        for _ in range(n_discard * self.sweep_size):
+            index = step(index)
+        kept = torch.empty((n_chains, self.n_per_chain), dtype=torch.int64, device=device)
+        for s in range(self.n_per_chain):
+            for _ in range(self.sweep_size):
+                index = step(index)
+            kept[:, s] = index
+        self._chains = states[index]
+        return states[kept], log_psi[kept], accepted.sum()
 
     def _metropolis_step(self, model, x, log_psi, accepted, *, distinct=False):
         x_new, valid = self._propose(x)
@@ -466,15 +531,7 @@ class MetropolisSampler(Sampler):
             len(self._moves), (x.shape[0],), generator=self._generator, device=x.device
         )
         src, dst = self._move_index[pick, 0:1], self._move_index[pick, 1:2]  # (C, 1) each
-        x_src, x_dst = x.gather(1, src), x.gather(1, dst)  # (C, 1) each
-        if self.rule == "exchange":
-            valid = x_src != x_dst
-            x_new = x.scatter(1, src, x_dst).scatter_(1, dst, x_src)
-        else:  # hop: one particle src -> dst
-            valid = (x_src > 0) & (x_dst < self.hilbert.n_max)
-            step = valid.to(x.dtype)
-            x_new = x.scatter(1, src, x_src - step).scatter_(1, dst, x_dst + step)
-        return x_new, valid[:, 0]
+        return apply_moves(x, src, dst, self.rule, getattr(self.hilbert, "n_max", None))
 
     @staticmethod
     def _log_psi_of_valid(model, x_new, valid, log_psi, distinct=False):
