@@ -40,10 +40,6 @@ class SectorMoves:
     states: torch.Tensor
     targets: torch.Tensor
 
-    @property
-    def dimension(self) -> int:
-        return self.states.shape[0]
-
 
 def apply_moves(x: torch.Tensor, src, dst, rule: str, n_max: int | None = None):
     """Returns the configurations ``(C, N)`` that moves ``src → dst`` ``(C, 1)`` make of
