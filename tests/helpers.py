@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse.linalg
 import torch
 import yaml
 from torch import nn
 
 from vitqs import cli
 from vitqs.config import ModelConfig
+from vitqs.physics import exact
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.lattice import Lattice
 
@@ -180,13 +180,13 @@ DENSE_ED_MAX_DIM = 2000
 
 def exact_ground_state(hamiltonian) -> tuple[float, np.ndarray]:
     """Returns the ground-state energy and vector: ``np.linalg.eigh`` of the dense matrix, or
-    Lanczos (``eigsh``, converged to machine precision) of the sparse one above
-    `DENSE_ED_MAX_DIM` states."""
+    above `DENSE_ED_MAX_DIM` states the tool's own Lanczos (`exact.ground_state`, a fixed
+    start vector, uncached)."""
     if hamiltonian.hilbert.dimension <= DENSE_ED_MAX_DIM:
         energies, vectors = np.linalg.eigh(hamiltonian.to_dense())
         return float(energies[0]), vectors[:, 0]
-    energies, vectors = scipy.sparse.linalg.eigsh(hamiltonian.to_sparse(), k=1, which="SA", tol=0)
-    return float(energies[0]), vectors[:, 0]
+    found = exact.ground_state(hamiltonian, return_vector=True, use_cache=False)
+    return found.energy, found.vector
 
 
 def model_vector(model, hilbert) -> np.ndarray:
