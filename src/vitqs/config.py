@@ -242,6 +242,8 @@ ATTENTIONS = ("factored", "full")
 EMBEDDINGS = ("linear", "onehot")
 SYMMETRIZE = ("none", "translations", "space_group")
 SPIN_FLIPS = (0, 1, -1)  # the eigenvalue of spin inversion projected on (0: none)
+# a fixed sign (−1)^(up spins on the cells of odd n_x | odd n_y | odd n_x + n_y) on ψ
+SIGN_PRIORS = ("none", "stripes_x", "stripes_y", "stripes_xy")
 DTYPES = ("float64", "float32")
 LATTICE_KINDS = ("chain", "square", "triangular", "honeycomb", "kagome", "ladder")
 # sites per unit cell of the kinds with a basis (every other kind has one)
@@ -357,6 +359,12 @@ class ModelConfig(Section):
     # a real log ψ (ψ > 0): right for a Hamiltonian without a sign problem, whose ground
     # state is positive (Perron-Frobenius); half the log-derivatives, a 4x cheaper minSR solve
     positive: bool = option(False, boolean())
+    # ψ(x) = s(x) ψ_ViT(x) with the fixed sign s(x) = (−1)^(up spins on the marked cells):
+    # cells of odd n_x (stripes_x), odd n_y (stripes_y) or odd n_x + n_y (stripes_xy; the
+    # Marshall sign on the square lattice). The network then learns the sign structure
+    # relative to s; on the frustrated triangular 6x4 without it the ViT settled in the first
+    # excited singlet (95% overlap), with stripes_x it did not (results/accuracy.md)
+    sign_prior: str = option("none", choice(*SIGN_PRIORS))
     # a results file (.h5) of an earlier run to start from: its checkpoint's parameters (a
     # finished run's final state) and, when they are states of this sector, its Monte Carlo
     # chains. The network's shape must match; symmetrize and spin_flip may differ, so a
@@ -685,6 +693,7 @@ def _check_consistency(config: Config) -> None:
                 f"with n_max={n_max}: at most {n_sites * n_max}"
             )
     _check_positive(config.model, ham)
+    _check_sign_prior(config)
     _check_final_spin_flip(config)
     _check_singlet_flip(config)
     _check_momentum_sector(config)
@@ -765,6 +774,30 @@ def _check_momentum_sector(config: Config) -> None:
         raise ConfigError(
             f"model.momentum={momentum} needs a complex ψ (a state at k ≠ 0 changes sign or "
             "phase under translations); set model.positive: false"
+        )
+
+
+def _check_sign_prior(config: Config) -> None:
+    """Raises for a sign prior on anything but a complex ViT of spins, or along an axis the
+    lattice lacks (the geometry itself is checked where the lattice is built)."""
+    model, prior = config.model, config.model.sign_prior
+    if prior == "none":
+        return
+    if (
+        model.kind != "vit"
+        or model.positive
+        or not isinstance(config.hamiltonian, HeisenbergConfig)
+    ):
+        raise ConfigError(
+            f"model.sign_prior={prior} multiplies a complex ViT of spins by a sign: it needs "
+            f"model.kind=vit (got {model.kind}), model.positive=false (got "
+            f"{str(model.positive).lower()}) and hamiltonian.kind=heisenberg "
+            f"(got {config.hamiltonian.kind}); or set model.sign_prior=none"
+        )
+    if prior != "stripes_x" and len(config.lattice.shape) == 1:
+        raise ConfigError(
+            f"model.sign_prior={prior} needs a 2-d lattice, got lattice.shape="
+            f"{config.lattice.shape}; a chain allows none or stripes_x"
         )
 
 

@@ -89,4 +89,46 @@ def _build_bare(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
         n_basis=lattice.n_basis,
         head_init_std=cfg.head_init_std,
         positive=cfg.positive,
+        sign_sites=sign_prior_sites(cfg, lattice, hilbert),
     )
+
+
+# the cell coordinates whose sum decides a site's mark, per model.sign_prior
+_STRIPE_AXES = {"stripes_x": (1, 0), "stripes_y": (0, 1), "stripes_xy": (1, 1)}
+
+
+def sign_prior_sites(cfg: ModelConfig, lattice, hilbert) -> np.ndarray | None:
+    """Returns whether each site carries ``model.sign_prior``'s sign (ψ gains a factor −1 per
+    up spin on a marked site), or None without a prior.
+
+    Raises ValueError where the marks do not fit the lattice: an odd extent along a periodic
+    axis that decides them (the stripes would not close around the torus), or a translation-
+    invariant ViT whose shift by one patch along a periodic axis swaps marked and unmarked
+    sites while the sector holds an odd number of up spins (ψ would change sign under a
+    shift the network is invariant under).
+    """
+    if cfg.sign_prior == "none":
+        return None
+    weights = _STRIPE_AXES[cfg.sign_prior][: lattice.ndim]
+    for axis, weight in enumerate(weights):
+        if weight and lattice.pbc[axis] and lattice.shape[axis] % 2:
+            raise ValueError(
+                f"model.sign_prior={cfg.sign_prior} alternates along axis {axis}, whose "
+                f"periodic extent {lattice.shape[axis]} is odd; needs an even extent there"
+            )
+    marked = (lattice.coords @ np.asarray(weights)) % 2 == 1
+    if cfg.translation_invariant:
+        n_up = round(lattice.n_sites / 2 + hilbert.total_sz)
+        patch = np.broadcast_to(np.asarray(cfg.patch_size), (lattice.ndim,))
+        flips = any(  # a shift by an odd number of cells along a periodic marked axis
+            w and p % 2 and periodic
+            for w, p, periodic in zip(weights, patch, lattice.pbc, strict=True)
+        )
+        if flips and n_up % 2:
+            raise ValueError(
+                f"model.sign_prior={cfg.sign_prior} changes sign under a shift by one patch "
+                f"(model.patch_size={cfg.patch_size}) with {n_up} up spins, and the "
+                "translation-invariant ViT does not: use an even patch size along the "
+                "stripes' axis or model.translation_invariant=false"
+            )
+    return marked

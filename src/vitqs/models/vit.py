@@ -199,6 +199,8 @@ class ViT(nn.Module):
         head_init_std: std of the head's complex output weights at initialisation.
         positive: a real head, ``ψ(x) > 0`` (see ``LogCoshHead``); the Jastrow factor is real
             already. ``log_derivatives`` then skips the imaginary part.
+        sign_sites: bool per site or None; ψ gains a fixed factor −1 per up spin on a marked
+            site (``model.sign_prior``), a sign structure the network learns relative to.
     """
 
     def __init__(
@@ -217,6 +219,7 @@ class ViT(nn.Module):
         head_init_std: float = ModelConfig.head_init_std,
         positive: bool = ModelConfig.positive,
         n_basis: int = 1,
+        sign_sites=None,
     ):
         super().__init__()
         self.positive = bool(positive)
@@ -260,6 +263,11 @@ class ViT(nn.Module):
             # two-valued sites keep g x², since any Σ_i u(x_i) is then fixed by N or S^z
             table = tuple(local_states) if len(local_states) > 2 else None
             self.jastrow = Jastrow(lattice_shape, pbc, local_states=table, n_basis=n_basis)
+        if sign_sites is not None:
+            if self.positive:
+                raise ValueError("model.sign_prior needs a complex head: set model.positive=false")
+            sign_sites = torch.as_tensor(sign_sites, dtype=torch.float64)
+        self.register_buffer("sign_sites", sign_sites, persistent=False)
         self.double()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -287,4 +295,7 @@ class ViT(nn.Module):
         log_psi = self.head(h)
         if self.jastrow is not None:
             log_psi = log_psi + self.jastrow(x)
+        if self.sign_sites is not None:  # the prior's sign: a phase π per marked up spin
+            ups = torch.matmul((x > 0).to(x.dtype), self.sign_sites)
+            log_psi = torch.complex(log_psi.real, log_psi.imag + math.pi * ups.remainder(2.0))
         return log_psi
