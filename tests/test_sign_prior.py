@@ -108,11 +108,13 @@ def test_a_patch_shift_that_flips_the_sign_is_refused_with_an_odd_number_of_up_s
 
 
 def test_the_translation_invariant_network_stays_invariant_under_patch_shifts():
-    with_prior, _, hilbert = _pair(Lattice((4, 4), kind="triangular"), "stripes_xy")
+    """Patches of one cell: the shift by one cell swaps marked and unmarked columns, and
+    with 8 up spins (−1)^(8 − n) = (−1)^n leaves the sign, and ψ, unchanged."""
     lattice = Lattice((4, 4), kind="triangular")
-    shift = lattice.translations[
-        np.flatnonzero((lattice.translation_shifts[:, :2] == (2, 0)).all(axis=1))[0]
-    ]
+    with_prior, _, hilbert = _pair(lattice, "stripes_x", patch_size=1)
+    row = np.flatnonzero((lattice.translation_shifts[:, :2] == (1, 0)).all(axis=1))[0]
+    shift = lattice.translations[row]
+    assert not np.array_equal(with_prior.sign_sites.numpy()[shift], with_prior.sign_sites.numpy())
     x = hilbert.random_states(64, torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.allclose(with_prior(x), with_prior(x[:, shift]), atol=1e-10)
