@@ -21,11 +21,9 @@ import statistics
 import time
 
 import torch
-from torch.nn import functional as F
 
 from vitqs.build import build_hamiltonian, build_network, build_sampler
 from vitqs.config import load
-from vitqs.models.vit import log_cosh_parts
 
 
 def sampling_seconds(sampler, model, repeats: int) -> float:
@@ -39,18 +37,18 @@ def sampling_seconds(sampler, model, repeats: int) -> float:
 
 
 def real_parts(network):
-    """Returns ``x -> (Re log ψ, Im log ψ)`` of ``network``'s single pass, no complex op."""
+    """Returns ``x -> (Re log ψ, Im log ψ)`` of ``network``'s single pass, no complex op:
+    patches, encoder blocks and the head's `LogCoshHead.parts`. A network with more than
+    these (position embedding, Jastrow factor, sign prior, a positive head) is refused."""
+    extras = (network.position, network.jastrow, network.sign_sites)
+    if any(extra is not None for extra in extras) or network.head.positive:
+        raise SystemExit("--real-parts: only a ViT of patches, blocks and a complex head")
 
     def parts(x):
         h = network.embed(network.grid.split(x))
         for block in network.blocks:
             h = block(h)
-        head = network.head
-        z = head.norm(h.sum(dim=1))
-        theta_re = F.linear(z, head.weight_re, head.bias_re)
-        theta_im = F.linear(z, head.weight_im, head.bias_im)
-        real, imag = log_cosh_parts(theta_re, theta_im)
-        return real.sum(dim=-1), imag.sum(dim=-1)
+        return network.head.parts(h)
 
     return parts
 

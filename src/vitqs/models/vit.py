@@ -156,14 +156,19 @@ class LogCoshHead(nn.Module):
             self.bias_im = nn.Parameter(torch.zeros(n_hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        real, imag = self.parts(x)
+        return torch.complex(real, torch.zeros_like(real) if imag is None else imag)
+
+    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns ``(Re, Im)`` of ``log ψ`` ``(B,)`` each in real arithmetic; ``Im`` is None
+        for a positive head."""
         z = self.norm(x.sum(dim=1))  # (batch, d)
         theta_re = F.linear(z, self.weight_re, self.bias_re)  # (batch, hidden)
         if self.positive:
-            log_psi = log_cosh_parts(theta_re)[0].sum(dim=-1)
-            return torch.complex(log_psi, torch.zeros_like(log_psi))
+            return log_cosh_parts(theta_re)[0].sum(dim=-1), None
         theta_im = F.linear(z, self.weight_im, self.bias_im)
         real, imag = log_cosh_parts(theta_re, theta_im)
-        return torch.complex(real.sum(dim=-1), imag.sum(dim=-1))
+        return real.sum(dim=-1), imag.sum(dim=-1)
 
 
 class ViT(nn.Module):
