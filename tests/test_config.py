@@ -257,12 +257,13 @@ BAD = {
         ),
         "model.momentum=[1] has a momentum along axis 0, which is open",
     ),
-    "momentum_with_the_space_group": (
-        lambda d: (
-            d["model"].update(symmetrize="translations", momentum=[3]),
-            d["final"].update(symmetrize="space_group"),
-        ),
-        "model.momentum=[3] projects on translations only: the space group's average is the k = 0",
+    "point_characters_without_the_space_group": (
+        lambda d: d["model"].update(symmetrize="translations", point_characters=[1, -1]),
+        "model.point_characters=[1, -1] select a sector of the space group",
+    ),
+    "point_characters_not_a_sign": (
+        lambda d: d["model"].update(symmetrize="space_group", point_characters=[1, 2]),
+        "model.point_characters=[1, 2] must hold +1 or -1 only",
     ),
     "momentum_without_a_projection": (
         lambda d: d["model"].update(momentum=[3]),

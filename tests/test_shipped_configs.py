@@ -7,9 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vitqs.build import build_hamiltonian, build_network, exact_ground_state, ground_state_outside
+from vitqs.build import (
+    build_hamiltonian,
+    build_network,
+    exact_ground_state,
+    final_network,
+    ground_state_outside,
+)
 from vitqs.config import load
-from vitqs.models import final_symmetrized
 from vitqs.sweep import load_sweep, point_configs
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
@@ -46,9 +51,6 @@ def test_a_shipped_config_can_reach_its_exact_ground_state(path, tmp_path):
     if solved is None:
         pytest.skip("exact.enabled: false")
     model = build_network(config, hamiltonian)
-    final = config.final
-    measured = final_symmetrized(
-        model, final.symmetrize, hamiltonian.lattice, final.spin_flip, config.model.momentum
-    )
+    measured = final_network(config, model, hamiltonian.lattice)
     assert ground_state_outside(hamiltonian, model, solved.vector) is None
     assert ground_state_outside(hamiltonian, measured, solved.vector) is None

@@ -23,7 +23,6 @@ from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.physics.symmetry import (
     generators,
     ground_state_sector,
-    sector_orbits,
     vector_characters,
 )
 from vitqs.vmc.driver import VMC
@@ -113,6 +112,23 @@ def build_sampler(config: Config, hamiltonian, model=None):
         raise ConfigError(str(err)) from None
 
 
+def final_network(config: Config, model, lattice):
+    """Returns ``model`` as the final measurement samples it: under ``final.symmetrize`` and
+    ``final.spin_flip``, on the sector of ``model.momentum`` and ``model.point_characters``."""
+    final = config.final
+    try:
+        return final_symmetrized(
+            model,
+            final.symmetrize,
+            lattice,
+            final.spin_flip,
+            config.model.momentum,
+            config.model.point_characters,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def build_vmc(config: Config) -> VMC:
     """Returns the VMC driver of a config: Hamiltonian, model (seeded), sampler, optimizer."""
     torch.manual_seed(config.seed)
@@ -121,9 +137,7 @@ def build_vmc(config: Config) -> VMC:
     check_sector_not_empty(hamiltonian, model, "model.symmetrize / model.spin_flip")
     final = config.final
     if final.symmetrize != "none" or final.spin_flip:  # refused now, not after the steps
-        measured = final_symmetrized(
-            model, final.symmetrize, hamiltonian.lattice, final.spin_flip, config.model.momentum
-        )
+        measured = final_network(config, model, hamiltonian.lattice)
         check_sector_not_empty(hamiltonian, measured, "final.symmetrize / final.spin_flip")
     sampler = build_sampler(config, hamiltonian, model)
     annealed = config.optimizer.anneal_from is not None
@@ -146,20 +160,36 @@ _SECTOR_CHECK_MAX_DIM = 50_000
 
 def check_sector_not_empty(hamiltonian, model, keys: str) -> None:
     """Raises ConfigError when ``model``'s symmetry projection vanishes on every state of the
-    sector (every orbit holds a state that a symmetry of character −1 fixes, e.g. the 4×2
-    square's space group with spin inversion −1): ψ would be 0 everywhere, the sampler would
-    wander on rounding noise and report a meaningless energy. Checked on sectors up to
-    ``_SECTOR_CHECK_MAX_DIM`` states (larger ones have room for every sector seen so far)."""
-    permutations, spin_flip = invariances(model, hamiltonian.lattice)
-    if not spin_flip or hamiltonian.hilbert.dimension > _SECTOR_CHECK_MAX_DIM:
+    sector: every basis state is fixed by some symmetry of character ≠ 1 (spin inversion −1
+    with the 4×2 square's space group; odd spin inversion and an odd reflection at k = π on
+    the ring of 8), so ψ would be 0 everywhere, the sampler would wander on rounding noise
+    and report a meaningless energy. Checked on sectors up to ``_SECTOR_CHECK_MAX_DIM``
+    states (larger ones have room for every sector seen so far)."""
+    perms, characters, spin_flip = sector_characters(model, hamiltonian.lattice)
+    trivial = np.allclose(characters, 1.0) and spin_flip >= 0
+    if trivial or hamiltonian.hilbert.dimension > _SECTOR_CHECK_MAX_DIM:
         return  # characters all +1: the symmetric combination of any state survives
-    if len(sector_orbits(hamiltonian.hilbert, permutations, spin_flip).representatives) == 0:
+    if _projected_states(hamiltonian.hilbert, perms, characters, spin_flip) == 0:
         raise ConfigError(
-            f"{keys}: spin inversion {spin_flip:+d} with the {len(permutations)} lattice "
-            f"symmetries of the model leaves no state of the sector "
-            f"({hamiltonian.hilbert.dimension} states on {hamiltonian.n_sites} sites): ψ would "
-            "vanish everywhere; choose the other spin_flip or fewer symmetries"
+            f"{keys}: the projection on this sector (characters of the model's "
+            f"{len(perms)} lattice symmetries, spin inversion {spin_flip:+d}) leaves no state "
+            f"of the sector ({hamiltonian.hilbert.dimension} states on {hamiltonian.n_sites} "
+            "sites): ψ would vanish everywhere; choose another spin_flip, momentum or "
+            "point_characters, or fewer symmetries"
         )
+
+
+def _projected_states(hilbert, perms, characters, spin_flip: int) -> int:
+    """Returns how many basis states the projection keeps: a state survives unless an
+    element that fixes it has a character ≠ 1 (then the terms of its orbit cancel)."""
+    states = hilbert.all_states()
+    killed = np.zeros(len(states), dtype=bool)
+    flips = ((1, 1.0),) + (((-1, float(spin_flip)),) if spin_flip else ())
+    for perm, char in zip(perms, characters, strict=True):
+        for sign, flip_char in flips:
+            if abs(char * flip_char - 1) > 1e-9:
+                killed |= (sign * states[:, perm] == states).all(axis=1)
+    return int((~killed).sum())
 
 
 def ground_state_outside(hamiltonian, model, vector) -> str | None:

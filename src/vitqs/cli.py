@@ -92,6 +92,8 @@ def _sector_text(sector: dict) -> str:
     if sector["space_group_symmetric"] is not None:
         symmetric = sector["space_group_symmetric"]
         parts.append("space-group symmetric" if symmetric else "not space-group symmetric")
+    if sector.get("point_characters") is not None:
+        parts.append(f"point_characters {sector['point_characters']}")
     return ", ".join(parts)
 
 

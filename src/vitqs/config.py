@@ -348,6 +348,13 @@ class ModelConfig(Section):
     momentum: list | None = option(
         None, optional(int_list((1, 2), minimum=0)), free_across_init=True
     )
+    # with symmetrize: space_group (model or final), the characters (+1 or -1) of the sector
+    # under the rotations and reflections that keep model.momentum (the little group, identity
+    # first, in the order `vitqs ed` reports the ground state's as point_characters): ψ(P x) =
+    # χ_P ψ(x). A ground state odd under a reflection (the kagome 2x3's) needs it; null: all +1
+    point_characters: list | None = option(
+        None, optional(int_list((1, 48), minimum=-1)), free_across_init=True
+    )
     # std of the head's complex output weights: small, so that log ψ starts near a constant
     # (ψ nearly uniform) and the first steps are not dominated by a random, peaked state; but
     # not too small: at S^z = 0 the uniform state is the fully polarised multiplet's member,
@@ -697,6 +704,7 @@ def _check_consistency(config: Config) -> None:
     _check_final_spin_flip(config)
     _check_singlet_flip(config)
     _check_momentum_sector(config)
+    _check_point_characters(config)
     _check_schedules(config.optimizer)
     _check_momentum(config.optimizer)
     _check_anneal(config)
@@ -759,21 +767,30 @@ def _check_momentum_sector(config: Config) -> None:
                 f"{extent} cells along axis {axis} (k = 2π n / L)"
             )
     projections = {model.symmetrize, config.final.symmetrize}
-    if "space_group" in projections:
-        raise ConfigError(
-            f"model.momentum={momentum} projects on translations only: the space group's "
-            "average is the k = 0 sector; set model.symmetrize and final.symmetrize to "
-            "translations (or none)"
-        )
-    if "translations" not in projections:
+    if not projections & {"translations", "space_group"}:
         raise ConfigError(
             f"model.momentum={momentum} needs model.symmetrize or final.symmetrize: "
-            "translations, the projection it selects the sector of"
+            "translations or space_group, the projections it selects the sector of"
         )
     if model.positive:
         raise ConfigError(
             f"model.momentum={momentum} needs a complex ψ (a state at k ≠ 0 changes sign or "
             "phase under translations); set model.positive: false"
+        )
+
+
+def _check_point_characters(config: Config) -> None:
+    """Raises for ``model.point_characters`` that no projection uses or that are not ±1 (their
+    number and consistency depend on the lattice: checked where the model is built)."""
+    chi = config.model.point_characters
+    if chi is None:
+        return
+    if any(c not in (1, -1) for c in chi):
+        raise ConfigError(f"model.point_characters={chi} must hold +1 or -1 only")
+    if "space_group" not in {config.model.symmetrize, config.final.symmetrize}:
+        raise ConfigError(
+            f"model.point_characters={chi} select a sector of the space group: set "
+            "model.symmetrize or final.symmetrize to space_group (or point_characters: null)"
         )
 
 

@@ -20,10 +20,9 @@ import torch
 import yaml
 
 from vitqs import results
-from vitqs.build import build_hamiltonian, build_network
+from vitqs.build import build_hamiltonian, build_network, final_network
 from vitqs.config import from_dict
 from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
-from vitqs.models.symmetrize import final_symmetrized
 from vitqs.physics import exact
 from vitqs.plots import plot_run
 from vitqs.results import SUMMARY_COLUMNS, ResultsError, read_results, summary_row
@@ -174,10 +173,7 @@ def final_model(config, hamiltonian, model_state: dict, theta=None):
     model.load_state_dict(model_state)
     if theta is not None:
         set_parameter_vector(model, theta)
-    final = config.final
-    return final_symmetrized(
-        model, final.symmetrize, hamiltonian.lattice, final.spin_flip, config.model.momentum
-    )
+    return final_network(config, model, hamiltonian.lattice)
 
 
 # ---- where the trained state is wrong --------------------------------------------------------

@@ -20,10 +20,10 @@ import torch
 import yaml
 
 from vitqs import checkpoint, distributed, results, workfile
-from vitqs.build import build_vmc, exact_ground_state, ground_state_outside
+from vitqs.build import build_vmc, exact_ground_state, final_network, ground_state_outside
 from vitqs.config import Config, ConfigError
 from vitqs.errors import first_line
-from vitqs.models import final_symmetrized, invariances
+from vitqs.models import invariances
 from vitqs.physics import exact
 from vitqs.physics.observables import observables_of_vector
 from vitqs.physics.operators import Heisenberg
@@ -220,18 +220,21 @@ def _new_record(config: Config, hamiltonian, model, use_cache: bool) -> results.
     return record
 
 
+_MODEL_KEYS = "model.symmetrize / spin_flip / momentum / point_characters / translation_invariant"
+
+
 def _warn_outside_sector(config: Config, hamiltonian, model, vector) -> None:
     """Warns (stderr) when the exact ground state ``vector`` lies outside the sector the
     trained model or the final measurement's ψ is confined to: the run would end above
     E_exact by at least that sector's gap, whatever its budget (the kagome 2x3's ground state
     is at k = (π, 0))."""
-    final = config.final
-    measured = final_symmetrized(
-        model, final.symmetrize, hamiltonian.lattice, final.spin_flip, config.model.momentum
-    )
+    measured = final_network(config, model, hamiltonian.lattice)
     seen = set()
     for keys, psi in (
-        ("model.symmetrize / spin_flip / momentum / translation_invariant", model),
+        (
+            "model.symmetrize / spin_flip / momentum / point_characters / translation_invariant",
+            model,
+        ),
         ("final.symmetrize / spin_flip", measured),
     ):
         why = ground_state_outside(hamiltonian, psi, vector)
@@ -539,9 +542,7 @@ def _measure_final(run: Run, start: float) -> None:
         set_parameter_vector(vmc.model, averaged[0])
     final = config.final
     lattice = vmc.hamiltonian.lattice
-    model = final_symmetrized(
-        vmc.model, final.symmetrize, lattice, final.spin_flip, config.model.momentum
-    )
+    model = final_network(config, vmc.model, lattice)
     # the final energy and observables are measured on |ψ|² itself, whatever
     # sampler.machine_pow the steps used, and over every state of the sector
     sampler = vmc.sampler.measuring()

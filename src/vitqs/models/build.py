@@ -8,7 +8,7 @@ from torch import nn
 from vitqs.config import ModelConfig
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.simple_vit import SimpleViT
-from vitqs.models.symmetrize import Symmetrized, momentum_translations, space_group_table
+from vitqs.models.symmetrize import Symmetrized, momentum_translations, space_group_average
 from vitqs.models.vit import ViT
 
 
@@ -30,17 +30,16 @@ def build_model(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
     if cfg.symmetrize != "none" or cfg.spin_flip:
         # A translation-invariant ViT needs one shift per patch coset, not every translation:
         # the same state at a fraction of the cost (4 copies instead of 36 on the 6x6).
+        if cfg.symmetrize == "space_group":  # each coset shift after each rotation/reflection
+            average = space_group_average(
+                model, lattice, cfg.spin_flip, cfg.momentum, cfg.point_characters
+            )
+            return average.double()
         table, phases = np.arange(lattice.n_sites)[None, :], None
-        group = None  # the lattice translations, or nothing to add
         if cfg.symmetrize == "translations":  # on the sector of model.momentum (k = 0: null)
             table, phases = momentum_translations(model, lattice, cfg.momentum)
-        elif cfg.symmetrize == "space_group":  # each coset shift after each rotation/reflection
-            table = space_group_table(model, lattice)
-            group = lattice.space_group()
         momentum = cfg.momentum if phases is not None else None
-        model = Symmetrized(
-            model, table, spin_flip=cfg.spin_flip, group=group, phases=phases, momentum=momentum
-        )
+        model = Symmetrized(model, table, spin_flip=cfg.spin_flip, phases=phases, momentum=momentum)
     return model.double()
 
 

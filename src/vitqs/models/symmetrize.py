@@ -1,6 +1,7 @@
 """Projection of a wave function onto a sector of the lattice translations (k = 0 by default,
-or a chosen crystal momentum), or onto the trivial representation of the space group, with an
-optional spin-inversion parity."""
+or a chosen crystal momentum), or onto a one-dimensional representation of the space group's
+little group at that momentum (the trivial one by default), with an optional spin-inversion
+parity."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from vitqs.config import SPIN_FLIPS, SYMMETRIZE, FinalConfig
 from vitqs.models._checks import check_choice
+from vitqs.physics.symmetry import generators
 
 
 def complex_logsumexp(log_terms: torch.Tensor, dim: int) -> torch.Tensor:
@@ -45,13 +47,15 @@ class Symmetrized(nn.Module):
             all translations of the lattice, or one per coset of those ``model`` is invariant
             under; or the same for a larger group (``group``).
         spin_flip: 0 (off), +1 or −1 (eigenvalue of spin inversion to project on).
-        group: ``(n_G, n_sites)``, the group the average is invariant under when it is not
-            the translations (the space group, when ``translations`` holds rotations and
-            reflections too); None for the translations.
-        phases: ``k · a_T`` ``(n_T,)`` of each row of ``translations`` (`momentum_translations`),
-            or None for ``k = 0``.
+        group: ``(n_G, n_sites)``, the group ``ψ_sym`` transforms under when it is not the
+            translations (the space group or its little group at ``momentum``, when
+            ``translations`` holds rotations and reflections too); None for the translations.
+        phases: the phase of each row of ``translations``: ``k · a_T`` (`momentum_translations`),
+            plus ``arg χ_P`` of its point-group element (`space_group_table`); None for all 0.
         momentum: the integers ``[n_x, n_y]`` of ``k`` (`Lattice.translation_phases`) that
             ``phases`` come from, kept to tell which translations leave ``ψ_sym`` unchanged.
+        group_characters: ``(n_G,)`` complex, ``ψ_sym(g x) = χ_g ψ_sym(x)`` for each row of
+            ``group`` (`little_space_group`); None for all 1.
     """
 
     def __init__(
@@ -62,6 +66,7 @@ class Symmetrized(nn.Module):
         group=None,
         phases=None,
         momentum=None,
+        group_characters=None,
     ):
         super().__init__()
         check_choice("spin_flip", spin_flip, SPIN_FLIPS)
@@ -73,14 +78,16 @@ class Symmetrized(nn.Module):
         self.model = model
         self.spin_flip = int(spin_flip)
         self.momentum = tuple(int(n) for n in momentum) if momentum and any(momentum) else None
-        if (phases is None) != (self.momentum is None) or (
+        if (self.momentum is not None and phases is None) or (
             phases is not None and len(phases) != len(translations)
         ):
             raise ValueError("phases (one per translation) must come with a momentum ≠ 0")
         phases = np.zeros(len(translations)) if phases is None else np.asarray(phases)
         # a sum of positive terms stays positive; an odd spin-flip projection or a phase does not
         self.positive = (
-            bool(getattr(model, "positive", False)) and self.spin_flip >= 0 and not self.momentum
+            bool(getattr(model, "positive", False))
+            and self.spin_flip >= 0
+            and np.allclose(np.cos(phases), 1.0)
         )
         self.register_buffer("translations", translations, persistent=False)
         self.register_buffer(  # the weight of each copy is exp(−i k·a_T)
@@ -89,6 +96,9 @@ class Symmetrized(nn.Module):
         # the permutations ψ_sym is invariant under when they are more than the translations
         # (`invariances`): the space group, for an average over rotations and reflections too
         self.group = None if group is None else np.asarray(group)
+        self.group_characters = (
+            None if group_characters is None else np.asarray(group_characters, dtype=complex)
+        )
         # Each spin-inversion sector σ: the factor on x and the phase of its weight s^σ.
         signs = (1.0, -1.0) if spin_flip else (1.0,)
         flip_phase = (0.0, 0.0 if spin_flip > 0 else math.pi) if spin_flip else (0.0,)
@@ -168,9 +178,11 @@ def final_symmetrized(
     lattice,
     spin_flip: int = FinalConfig.spin_flip,
     momentum=None,
+    point_characters=None,
 ) -> nn.Module:
     """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `config.SYMMETRIZE`),
-    over translations on the crystal momentum ``model.momentum`` (None: 0), and projected on
+    on the crystal momentum ``model.momentum`` (None: 0) and, over the space group, on the
+    characters ``model.point_characters`` of its little group (None: all 1), and projected on
     the spin-inversion eigenvalue ``final.spin_flip`` (0: none), on the device of its
     parameters."""
     if symmetrize not in SYMMETRIZE:
@@ -180,7 +192,7 @@ def final_symmetrized(
     if symmetrize == "translations":
         model = symmetrize_translations(model, lattice, momentum)
     elif symmetrize == "space_group":
-        model = symmetrize_space_group(model, lattice)
+        model = symmetrize_space_group(model, lattice, momentum, point_characters)
     if spin_flip:
         model = _with_spin_flip(model, spin_flip, lattice.n_sites)
     return model.to(device)
@@ -199,47 +211,134 @@ def _with_spin_flip(model: nn.Module, spin_flip: int, n_sites: int) -> nn.Module
             f"model.spin_flip={model.spin_flip}"
         )
     table = model.translations.cpu().numpy()
-    phases = None if model.momentum is None else -model.copy_phase.cpu().numpy()
     return Symmetrized(
         model.model,
         table,
         spin_flip=spin_flip,
         group=model.group,
-        phases=phases,
+        phases=-model.copy_phase.cpu().numpy(),
         momentum=model.momentum,
+        group_characters=model.group_characters,
     )
 
 
-def symmetrize_space_group(model: nn.Module, lattice) -> nn.Module:
-    """Returns ``model`` averaged over the space group of ``lattice``: the translations it is
-    not invariant under (`coset_translations`), each after each rotation and reflection.
+def symmetrize_space_group(
+    model: nn.Module, lattice, momentum=None, point_characters=None
+) -> nn.Module:
+    """Returns ``model`` projected on a sector of the space group of ``lattice``: averaged over
+    the translations it is not invariant under (`coset_translations`), each after each
+    rotation and reflection of the little group of ``momentum`` (None: k = 0, the whole point
+    group), weighted by ``e^{−ik·a}`` and the characters ``point_characters`` (None: all 1).
 
     A model already averaged over the space group comes back unchanged. One averaged over
     translations, or projected on a spin-inversion sector, is averaged anew from its bare
     network, keeping that projection. For a state in the fully symmetric sector (every
     Bose-Hubbard ground state) the average removes the parts of the error that break the
-    point group, which the translation average leaves.
+    point group, which the translation average leaves; where the ground state is odd under a
+    reflection (the kagome 2x3's), the projection removes the even levels below it.
     """
     spin_flip = 0
     if isinstance(model, Symmetrized):
         if model.group is not None:
             return model
-        if model.momentum is not None:
+        if model.momentum is not None and model.momentum != _momentum_key(momentum):
             raise ValueError(
-                f"the space group's average is the k = 0 sector, and this model is projected "
-                f"on model.momentum={list(model.momentum)}"
+                f"the space group's average at momentum {momentum} does not keep this model's "
+                f"model.momentum={list(model.momentum)}"
             )
         spin_flip, model = model.spin_flip, model.model
-    table = space_group_table(model, lattice)
-    return Symmetrized(model, table, spin_flip=spin_flip, group=lattice.space_group())
+    return space_group_average(model, lattice, spin_flip, momentum, point_characters)
 
 
-def space_group_table(model: nn.Module, lattice) -> np.ndarray:
-    """Returns the permutations ``(n_T · n_P, n_sites)`` whose average over ``model`` is the
-    average over the whole space group: each of `coset_translations` after each element of
-    the point group."""
-    points = lattice.point_group()
-    return np.stack([p[t] for t in coset_translations(model, lattice) for p in points])
+def space_group_average(
+    model: nn.Module, lattice, spin_flip: int = 0, momentum=None, point_characters=None
+) -> Symmetrized:
+    """Returns the bare network ``model`` as `symmetrize_space_group` averages it, projected on
+    spin inversion ``spin_flip`` (0: none) too."""
+    table, phases = space_group_table(model, lattice, momentum, point_characters)
+    group, characters = little_space_group(lattice, momentum, point_characters)
+    trivial = np.allclose(characters, 1.0)
+    return Symmetrized(
+        model,
+        table,
+        spin_flip=spin_flip,
+        group=group,
+        phases=None if trivial else phases,
+        momentum=_momentum_key(momentum),
+        group_characters=None if trivial else characters,
+    )
+
+
+def _momentum_key(momentum) -> tuple | None:
+    """Returns ``momentum`` as `Symmetrized` keeps it: a tuple, None for k = 0."""
+    return tuple(int(n) for n in momentum) if momentum and any(momentum) else None
+
+
+def space_group_table(model: nn.Module, lattice, momentum=None, point_characters=None):
+    """Returns ``(table, phases)``: the permutations ``(n_T · n_P, n_sites)`` whose average
+    over ``model`` is the average over the little space group at ``momentum`` (each of
+    `coset_translations` after each element of `Lattice.little_group`), and the phase
+    ``k · a_T + arg χ_P`` of each row (`Symmetrized` weighs it by ``e^{−i phase}``)."""
+    points = lattice.point_group()[lattice.little_group(momentum)]
+    chi = np.ones(len(points)) if point_characters is None else np.asarray(point_characters)
+    translations, shifts = momentum_translations(model, lattice, momentum)
+    shifts = np.zeros(len(translations)) if shifts is None else shifts
+    table = np.stack([p[t] for t in translations for p in points])
+    phases = np.array([a + np.angle(c) for a in shifts for c in chi])
+    return table, phases
+
+
+def little_space_group(lattice, momentum=None, point_characters=None):
+    """Returns ``(group, characters)``: every element ``g = T_a P`` of the little space group
+    at ``momentum`` as a permutation ``(n_T · n_P, n_sites)`` (`space_group_table`'s order,
+    all translations), and its character ``χ_g = e^{ik·a} χ_P`` in the one-dimensional
+    representation that ``point_characters`` (None: all 1) gives the little group: a state of
+    that sector has ``ψ(g x) = χ_g ψ(x)``.
+
+    Raises:
+        ValueError: naming ``model.point_characters``, when they are not ±1, one per element
+            of the little group (identity first, +1), or not a representation
+            (``χ_{gh} ≠ χ_g χ_h`` for some pair).
+    """
+    little = lattice.little_group(momentum)
+    points = lattice.point_group()[little]
+    chi = _checked_point_characters(point_characters, len(little), momentum)
+    phases = np.zeros(len(lattice.translations))
+    if momentum is not None and any(momentum):
+        phases = lattice.translation_phases(momentum)
+    group = np.stack([p[t] for t in lattice.translations for p in points])
+    characters = np.array([np.exp(1j * a) * c for a in phases for c in chi])
+    _check_representation(group, characters, point_characters)
+    return group, characters
+
+
+def _checked_point_characters(point_characters, n_little: int, momentum) -> np.ndarray:
+    if point_characters is None:
+        return np.ones(n_little)
+    chi = list(point_characters)
+    if len(chi) != n_little or any(c not in (1, -1) for c in chi) or chi[0] != 1:
+        raise ValueError(
+            f"model.point_characters={chi} must be {n_little} values of +1 or -1, the first +1: "
+            f"one per rotation or reflection that keeps the momentum {momentum or [0]} (the "
+            "identity first), as `vitqs ed` reports the ground state's"
+        )
+    return np.asarray(chi, dtype=float)
+
+
+def _check_representation(group: np.ndarray, characters: np.ndarray, point_characters) -> None:
+    """Raises ValueError unless ``χ_{gh} = χ_g χ_h`` for every ``g`` of ``group`` and every
+    generator ``h``: then it holds for every pair, and the projection is a projector."""
+    row_of = {tuple(g): i for i, g in enumerate(group)}
+    for h in generators(group):
+        for i, g in enumerate(group):
+            product = row_of.get(tuple(group[h][g]))  # (g x)[i] = x[g[i]]: g after h
+            if product is None or abs(characters[product] - characters[i] * characters[h]) > 1e-9:
+                raise ValueError(
+                    f"model.point_characters={list(point_characters)} is not a representation "
+                    "of the little group at this momentum (the characters of two elements do "
+                    "not multiply to their product's), so its projection vanishes; take them "
+                    "from `vitqs ed`"
+                )
 
 
 def coset_translations(model: nn.Module, lattice) -> np.ndarray:
@@ -281,7 +380,9 @@ def invariances(model: nn.Module, lattice) -> tuple[np.ndarray, int]:
     if isinstance(model, Symmetrized):
         spin_flip = model.spin_flip
         if model.group is not None:
-            return model.group, spin_flip
+            if model.group_characters is None:
+                return model.group, spin_flip
+            return model.group[np.isclose(model.group_characters, 1.0)], spin_flip
         if model.translations.shape[0] > 1:  # one shift per coset: every translation
             if model.momentum is None:
                 return lattice.translations, spin_flip
@@ -302,6 +403,8 @@ def sector_characters(model: nn.Module, lattice) -> tuple[np.ndarray, np.ndarray
     (complex ``χ_g``: ``e^{ik·a}`` for the translations of a model at ``model.momentum``, else
     1 on `invariances`) and ``ψ(−x) = spin_flip · ψ(x)`` (0: no such constraint)."""
     perms, spin_flip = invariances(model, lattice)
+    if isinstance(model, Symmetrized) and model.group_characters is not None:
+        return model.group, model.group_characters, spin_flip
     if isinstance(model, Symmetrized) and model.momentum is not None:
         perms = lattice.translations
         return perms, np.exp(1j * lattice.translation_phases(model.momentum)), spin_flip

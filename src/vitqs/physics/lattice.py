@@ -351,6 +351,32 @@ class Lattice:
             return None
         return sites
 
+    def little_group(self, momentum=None) -> np.ndarray:
+        """Returns the rows of `point_group` that keep the crystal momentum ``momentum``
+        (integers, as `translation_phases`; None: k = 0) up to a reciprocal lattice vector,
+        row 0 first: the little co-group of k, all of the point group at k = 0.
+
+        ``P`` keeps k when ``P T_a P⁻¹`` has the phase of ``T_a`` for every translation: then
+        ``P`` maps a state of momentum k to one of momentum k, and a state of that sector can
+        be an eigenvector of ``P``.
+        """
+        points = self.point_group()
+        if momentum is None or not any(momentum):
+            return np.arange(len(points))
+        phases = self.translation_phases(momentum)
+        row_of = {tuple(t): i for i, t in enumerate(self.translations)}
+        kept = []
+        for index, p in enumerate(points):
+            inverse = np.argsort(p)
+            # (g x)[i] = x[g[i]]: the permutation of P T P⁻¹ is P⁻¹[T[P]]
+            rows = [row_of.get(tuple(inverse[t[p]])) for t in self.translations]
+            if all(
+                row is not None and np.isclose(np.cos(phases[row] - phase), 1.0)
+                for row, phase in zip(rows, phases, strict=True)
+            ):
+                kept.append(index)
+        return np.array(kept, dtype=np.int64)
+
     def space_group(self) -> np.ndarray:
         """Returns every translation after every point-group operation ``(n_T · n_P, n_sites)``:
         row ``t · n_P + p`` maps ``x`` to ``T_t (P_p x)``."""

@@ -124,7 +124,11 @@ def ground_state_sector(hamiltonian, vector: np.ndarray) -> dict:
       when degenerate;
     - ``space_group_symmetric``: whether ψ is unchanged by every rotation and reflection of
       the lattice as well (the sector ``space_group`` averages project on), at k = 0; None
-      when not at k = 0 or degenerate.
+      when not at k = 0 or degenerate;
+    - ``point_characters``: ``χ_P`` (+1 or −1) with ``ψ(P x) = χ_P ψ(x)`` for each rotation
+      or reflection that keeps its momentum (`Lattice.little_group`, identity first): the
+      value of ``model.point_characters`` that projects on its sector; None when degenerate
+      or some ``χ_P`` is not real.
     """
     lattice, hilbert = hamiltonian.lattice, hamiltonian.hilbert
     shifts = lattice.translation_shifts
@@ -150,4 +154,21 @@ def ground_state_sector(hamiltonian, vector: np.ndarray) -> dict:
         point_chars = vector_characters(hilbert, vector, points[generators(points)])
         if np.all(np.abs(np.abs(point_chars) - 1) < _MIXED):
             symmetric = bool(np.all(np.abs(point_chars - 1) < _MIXED))
-    return {"momentum": momentum, "spin_flip": flip, "space_group_symmetric": symmetric}
+    return {
+        "momentum": momentum,
+        "spin_flip": flip,
+        "space_group_symmetric": symmetric,
+        "point_characters": _point_characters(lattice, hilbert, vector, momentum),
+    }
+
+
+def _point_characters(lattice, hilbert, vector: np.ndarray, momentum) -> list | None:
+    """Returns the ±1 characters of ``vector`` on the little group of its ``momentum`` (None
+    when the momentum is degenerate or a character is not ±1)."""
+    if momentum is None:
+        return None
+    points = lattice.point_group()[lattice.little_group(momentum)]
+    chars = vector_characters(hilbert, vector, points)
+    if np.any(np.abs(chars.imag) > _MIXED) or np.any(np.abs(np.abs(chars) - 1) > _MIXED):
+        return None
+    return [int(np.sign(c.real)) for c in chars]
