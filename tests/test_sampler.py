@@ -1,5 +1,7 @@
 """Metropolis and exact samplers: stationary distribution, conservation laws, checkpoints."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.estimators import importance_weights, sample_statistics
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
+from vitqs.vmc.sampler import ExactSampler, MetropolisSampler, Samples
 
 # A histogram is rejected below this p-value; seeds are fixed, so the test is deterministic.
 P_VALUE_THRESHOLD = 1e-3
@@ -314,3 +316,40 @@ def test_bare_chains_measure_the_symmetrized_energy_within_error_bars():
     exact = np.vdot(vector, hamiltonian.to_sparse() @ vector).real / np.vdot(vector, vector).real
     assert abs(stats.mean.real - exact) < 4 * stats.error_of_mean
     assert sampler.measuring().bare_chains is False  # the final energy samples |ψ|² itself
+
+
+def test_a_bare_chain_sample_where_psi_vanishes_weighs_nothing():
+    # chains on the bare network may stand on a state the projection cancels exactly
+    # (ψ_sym = 0, log ψ = −∞: the kagome 2x3 at k = (π, 0), odd under its reflection, has 10
+    # such states of 48,620): its weight is 0, its local energy 0, its row left out of S
+    from vitqs.vmc.driver import _distinct_samples, _usable
+
+    hamiltonian = Heisenberg(Lattice((6,)))
+    bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=5)
+    model = Symmetrized(bare, Lattice((6,)).translations[:3], spin_flip=1)
+    sampler = MetropolisSampler(hamiltonian, n_samples=64, n_chains=8, seed=1, bare_chains=True)
+    samples = sampler.sample(model)
+    before = sampler.local_energy(hamiltonian, model, samples)
+    stats_before = sample_statistics(before, samples)
+    vanishing = torch.zeros_like(samples.log_importance, dtype=torch.bool)
+    vanishing[2, 3] = True
+    log_psi = torch.where(vanishing, torch.full_like(samples.log_psi, -math.inf), samples.log_psi)
+    log_importance = torch.where(vanishing, -math.inf, samples.log_importance)
+    broken = Samples(samples.x, log_psi, None, samples.acceptance, log_importance)
+    assert _usable(broken) and not _usable(Samples(samples.x, log_psi, None, 1.0, None))
+    e_loc = sampler.local_energy(hamiltonian, model, broken)
+    assert torch.isfinite(e_loc).all() and e_loc[2, 3] == 0
+    torch.testing.assert_close(e_loc[~vanishing], before[~vanishing], rtol=0, atol=0)
+    # the estimate is the weighted mean over the other samples
+    stats = sample_statistics(e_loc, broken)
+    weights = torch.exp(log_importance - log_importance.max())
+    by_hand = (weights * e_loc).sum() / weights.sum()
+    assert abs(stats.mean - complex(by_hand)) < 1e-12 and math.isfinite(stats.error_of_mean)
+    assert stats.mean != stats_before.mean
+    x, _, w = _distinct_samples(
+        broken.x.reshape(-1, 6), e_loc.reshape(-1), importance_weights(log_importance).reshape(-1)
+    )
+    assert (w > 0).all() and abs(float(w.sum()) - 1) < 1e-12
+    flat = broken.x.reshape(-1, 6)
+    alone = int((flat == broken.x[2, 3]).all(dim=1).sum()) == 1  # no other sample there
+    assert len(x) == len(torch.unique(flat, dim=0)) - alone

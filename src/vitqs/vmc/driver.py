@@ -231,7 +231,7 @@ class VMC:
         start = time.perf_counter()
         samples = self.sampler.sample(self.model)
         timings["sampling"] = _lap(start)
-        if not bool(torch.isfinite(samples.log_psi).all()):
+        if not _usable(samples):
             self._undo_last_update()
             return None
         start = time.perf_counter()
@@ -446,16 +446,30 @@ def _distinct_samples(x: torch.Tensor, e_loc: torch.Tensor, importance=None):
     filling most of the time (~100 distinct of 1,024 at U = 10 on 12 sites).
 
     With ``importance``, the samples' normalised importance weights ``(N_s,)``, a distinct
-    configuration weighs the sum of its samples' weights instead.
+    configuration weighs the sum of its samples' weights instead, and one of weight 0 is
+    left out: it adds nothing to S and F, and where ψ vanishes (a state a symmetry
+    projection cancels, drawn by chains on the bare network) its log-derivatives are not
+    finite.
     """
     rows = distinct_rows(x)
     if importance is not None:
         weights = torch.zeros(rows.n_distinct, dtype=torch.float64, device=x.device)
         weights.index_add_(0, rows.inverse, importance.to(torch.float64))
-        return rows.x, e_loc[rows.first], weights
+        kept = weights > 0
+        return rows.x[kept], e_loc[rows.first][kept], weights[kept]
     n_samples = reduce_sum(torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device))
     weights = rows.counts.to(torch.float64) / n_samples
     return rows.x, e_loc[rows.first], weights
+
+
+def _usable(samples: Samples) -> bool:
+    """Returns whether every sample's ``log ψ`` is finite, or ``−∞`` with importance weight 0:
+    chains on the bare network under a symmetry projection may stand where the projection
+    cancels (ψ = 0), which the estimates then leave out."""
+    finite = torch.isfinite(samples.log_psi)
+    if samples.log_importance is not None:
+        finite |= torch.isneginf(samples.log_psi.real) & torch.isneginf(samples.log_importance)
+    return bool(finite.all())
 
 
 def _lap(start: float) -> float:

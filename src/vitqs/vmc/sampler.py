@@ -285,8 +285,16 @@ class MetropolisSampler(Sampler):
         """Returns the local energies of the samples, through ``network`` at the connected
         configurations only: the denominators ``ψ(x)`` are the samples' own ``log ψ``.
         Rounding in a float32 ``log ψ(x)`` would scale every term of ``E_loc(x)`` alike, while
-        the numerators' errors partly average out over the terms."""
-        return local_energy(hamiltonian, network, samples.x, samples.log_psi, chunk_size)
+        the numerators' errors partly average out over the terms.
+
+        A sample where ψ vanishes (``log ψ = −∞``: chains on the bare network at a state
+        the symmetry projection cancels; its importance weight is 0) gets ``E_loc = 0``."""
+        vanishing = torch.isneginf(samples.log_psi.real)
+        if not bool(vanishing.any()):
+            return local_energy(hamiltonian, network, samples.x, samples.log_psi, chunk_size)
+        log_psi = torch.where(vanishing, torch.zeros_like(samples.log_psi), samples.log_psi)
+        e_loc = local_energy(hamiltonian, network, samples.x, log_psi, chunk_size)
+        return torch.where(vanishing, torch.zeros_like(e_loc), e_loc)
 
     def measuring(self) -> MetropolisSampler:
         return self.of_psi_squared()
