@@ -8,7 +8,7 @@ computes ``<ψ|H|ψ>/<ψ|ψ>`` as a full sum over the sector (one sparse matrix-
 which is variational: never below the ground state.
 
     python scripts/state_energy.py results/benchmarks/*.h5 [--max-dim 2000000]
-        [--symmetrize none|translations|space_group] [--by-probability]
+        [--symmetrize none|translations|space_group] [--by-probability] [--levels K]
 
 ``--symmetrize`` replaces the run's ``final.symmetrize``: what another final average would
 have given the same trained parameters.
@@ -21,14 +21,23 @@ their share of the distance ``Σ_x |ψ(x) − e^{iα} φ(x)|² = 2 (1 − |⟨φ
 normalised, α the overlap's phase), which is the infidelity ``1 − |⟨φ|ψ⟩|²`` to first order.
 A share far from where the samples are says that sampling, not the ansatz, limits the state.
 
+``--levels K`` also shows which exact levels the state is made of: the K lowest levels it
+has weight in (Lanczos from ψ), each with its energy, gap to the ground state, symmetry
+sector (`vitqs ed`'s, of ψ's part in the level) and weight in ψ, ψ's weight in the exact
+ground state, and the weight left above them. A state stuck in an excited level of its own
+symmetry sector shows there, and so does the sector (momentum, spin inversion, point
+characters) of the levels a projection would remove.
+
 Prints one markdown row per file: name, sector dimension, Monte Carlo final energy ± error,
 the enumerated energy, the exact ground-state energy, and both relative errors. The sums are
-``vitqs.report``'s (``state_energy``, ``by_probability``); this is their command line.
+``vitqs.report``'s (``state_energy``, ``by_probability``, ``by_level``); this is their command
+line.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -36,7 +45,7 @@ import torch
 
 from vitqs import results
 from vitqs.config import SYMMETRIZE
-from vitqs.report import LOWEST_DECADE, by_probability, state_energy
+from vitqs.report import LOWEST_DECADE, by_level, by_probability, state_energy
 
 
 def _print_by_probability(table: dict) -> None:
@@ -54,6 +63,22 @@ def _print_by_probability(table: dict) -> None:
         )
 
 
+def _print_by_level(table: dict) -> None:
+    print(
+        f"\n{table['name']}: weight in the exact levels (ground state {table['ground_weight']:.4f})"
+    )
+    print(
+        "| E | (E − E_0)/\\|E_0\\| | momentum | spin inversion | point characters | weight in ψ |"
+    )
+    print("|---|---|---|---|---|---|")
+    for energy, gap, sector, weight in table["rows"]:
+        print(
+            f"| {energy:.8f} | {gap:.3e} | {sector['momentum']} | {sector['spin_flip']} "
+            f"| {sector['point_characters']} | {weight:.4f} |"
+        )
+    print(f"| above | | | | | {table['above']:.4f} |")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
@@ -67,6 +92,12 @@ def main(argv=None) -> int:
         "--by-probability",
         action="store_true",
         help="also show the state's distance to the ED ground state per decade of |φ|²",
+    )
+    parser.add_argument(
+        "--levels",
+        type=int,
+        metavar="K",
+        help="also show the state's weight in the K lowest exact levels it has weight in",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -88,6 +119,9 @@ def main(argv=None) -> int:
     if args.by_probability:
         for table in _each_result(by_probability, args):
             _print_by_probability(table)
+    if args.levels:
+        for table in _each_result(functools.partial(by_level, n_levels=args.levels), args):
+            _print_by_level(table)
     return 0
 
 

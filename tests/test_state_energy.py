@@ -14,7 +14,13 @@ from vitqs.build import build_hamiltonian, build_network
 from vitqs.config import from_dict
 from vitqs.models import Symmetrized
 from vitqs.physics.lattice import Lattice
-from vitqs.report import by_probability, infidelity_by_probability, state_energy
+from vitqs.report import (
+    by_level,
+    by_probability,
+    infidelity_by_probability,
+    spectral_weights,
+    state_energy,
+)
 from vitqs.run import run_config
 
 
@@ -158,3 +164,49 @@ def test_repeated_final_measurements_of_a_trained_averaged_run(tmp_path):
         energies, errors = np.array(values).T
         assert len(energies) == 4 and len(set(energies)) == 4, discard  # distinct streams
         assert np.all(np.abs(energies - found["enumerated"]) < 5 * errors), discard
+
+
+def test_spectral_weights_are_the_projections_on_each_level_degenerate_or_not():
+    # a Hermitian matrix with a 3-fold and a 2-fold level: ψ's weight in each level is the
+    # norm of its projection on the whole eigenspace, found from Lanczos started at ψ
+    rng = np.random.default_rng(7)
+    values = np.array([-3.0, -2.0, -2.0, -2.0, -1.5, -1.5] + list(np.linspace(-1, 4, 54)))
+    q, _ = np.linalg.qr(rng.normal(size=(60, 60)) + 1j * rng.normal(size=(60, 60)))
+    matrix = (q * values) @ q.conj().T
+    psi = rng.normal(size=60) + 1j * rng.normal(size=60)
+    psi /= np.linalg.norm(psi)
+    levels = spectral_weights(matrix, psi)
+    for energy, count in ((-3.0, 1), (-2.0, 3), (-1.5, 2)):
+        inside = np.isclose(values, energy)
+        assert inside.sum() == count
+        projection = q[:, inside] @ (q[:, inside].conj().T @ psi)
+        found = [level for level in levels if abs(level[0] - energy) < 1e-8]
+        assert len(found) == 1  # one level, whatever its degeneracy
+        assert found[0][1] == pytest.approx(np.linalg.norm(projection) ** 2, rel=1e-8)
+        overlap = abs(np.vdot(found[0][2], projection)) / np.linalg.norm(projection)
+        assert overlap == pytest.approx(1.0, abs=1e-8)
+    assert sum(level[1] for level in levels) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_by_level_of_a_run_against_dense_ed(tmp_path, capsys):
+    import state_energy as script
+
+    data = tiny_heisenberg(tmp_path / "out", lattice={"shape": [8], "pbc": True})
+    config = from_dict(data)
+    summary = run_config(config, progress=False)
+    path = Path(summary["results_file"])
+    table = by_level(path, max_dim=10_000, n_levels=4)
+    infidelity = by_probability(path, max_dim=10_000)["infidelity"]
+    assert table["ground_weight"] == pytest.approx(1 - infidelity, rel=1e-8)
+    energy, gap, sector, weight = table["rows"][0]
+    assert weight == pytest.approx(table["ground_weight"], rel=1e-6)
+    assert gap == pytest.approx(0.0, abs=1e-10) and sector["momentum"] == [0]
+    energies = np.linalg.eigvalsh(build_hamiltonian(config).to_dense())
+    assert all(np.abs(energies - row[0]).min() < 1e-8 for row in table["rows"])
+    # the weights and the levels give back the enumerated energy, to the weight left above
+    enumerated = state_energy(path, max_dim=10_000)["enumerated"]
+    below = sum(row[0] * row[3] for row in table["rows"])
+    assert below + table["above"] * table["rows"][-1][0] <= enumerated + 1e-9
+    assert script.main([str(path), "--levels", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert f"weight in the exact levels (ground state {table['ground_weight']:.4f})" in printed
