@@ -184,6 +184,18 @@ def by_probability(path: Path, max_dim: int, symmetrize: str | None = None) -> d
     """Returns the run's final state against the exact ground state, per decade of ``|φ|²``:
     ``rows`` of (decade, states, exact weight, model weight, samples per step, distance),
     the ``infidelity`` and the total ``distance``; None if not applicable (as `state_energy`)."""
+    found = _final_vectors(path, max_dim, symmetrize)
+    if found is None:
+        return None
+    record, config, _, log_psi, phi = found
+    table = infidelity_by_probability(log_psi, phi, config.sampler.n_samples)
+    return {"name": record.name, **table}
+
+
+def _final_vectors(path: Path, max_dim: int, symmetrize: str | None):
+    """Returns ``(record, config, hamiltonian, log_psi, phi)``: the run's final state's
+    ``log ψ`` over its whole sector and the exact ground state ``φ`` in the same order; None
+    if not applicable (as `state_energy`)."""
     run = enumerable_run(path, max_dim, symmetrize)
     if run is None:
         return None
@@ -192,8 +204,7 @@ def by_probability(path: Path, max_dim: int, symmetrize: str | None = None) -> d
     with torch.no_grad():
         log_psi = ExactSampler(hamiltonian.hilbert).sample(model).log_psi.reshape(-1).numpy()
     phi = exact.ground_state(hamiltonian, max_dim=max_dim, return_vector=True).vector
-    table = infidelity_by_probability(log_psi, phi, config.sampler.n_samples)
-    return {"name": record.name, **table}
+    return record, config, hamiltonian, log_psi, phi
 
 
 def by_level(path: Path, max_dim: int, symmetrize: str | None = None, n_levels: int = 8):
@@ -211,16 +222,12 @@ def by_level(path: Path, max_dim: int, symmetrize: str | None = None, n_levels: 
     structure would remove that level: the kagome 2×3's trained ViT lay 72 % in a level
     9.8e-3 above the ground state, even under the reflection its ground state is odd under.
     """
-    run = enumerable_run(path, max_dim, symmetrize)
-    if run is None:
+    found = _final_vectors(path, max_dim, symmetrize)
+    if found is None:
         return None
-    record, config, hamiltonian = run
-    model = final_model(config, hamiltonian, results.load_checkpoint(record)["model"])
-    with torch.no_grad():
-        log_psi = ExactSampler(hamiltonian.hilbert).sample(model).log_psi.reshape(-1).numpy()
+    record, _, hamiltonian, log_psi, phi = found
     psi = np.exp(log_psi - log_psi.real.max())
     psi /= np.linalg.norm(psi)
-    phi = exact.ground_state(hamiltonian, max_dim=max_dim, return_vector=True).vector
     ground = float(abs(np.vdot(phi / np.linalg.norm(phi), psi)) ** 2)
     exact_energy = record.exact["energy"]
     rows = []
