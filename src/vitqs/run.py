@@ -231,10 +231,7 @@ def _warn_outside_sector(config: Config, hamiltonian, model, vector) -> None:
     measured = final_network(config, model, hamiltonian.lattice)
     seen = set()
     for keys, psi in (
-        (
-            "model.symmetrize / spin_flip / momentum / point_characters / translation_invariant",
-            model,
-        ),
+        (_MODEL_KEYS, model),
         ("final.symmetrize / spin_flip", measured),
     ):
         why = ground_state_outside(hamiltonian, psi, vector)

@@ -289,9 +289,7 @@ class MetropolisSampler(Sampler):
 
         A sample where ψ vanishes (``log ψ = −∞``: chains on the bare network at a state
         the symmetry projection cancels; its importance weight is 0) gets ``E_loc = 0``."""
-        vanishing = torch.isneginf(samples.log_psi.real)
-        if not bool(vanishing.any()):
-            return local_energy(hamiltonian, network, samples.x, samples.log_psi, chunk_size)
+        vanishing = torch.isneginf(samples.log_psi.real)  # no host sync: the step's hot path
         log_psi = torch.where(vanishing, torch.zeros_like(samples.log_psi), samples.log_psi)
         e_loc = local_energy(hamiltonian, network, samples.x, log_psi, chunk_size)
         return torch.where(vanishing, torch.zeros_like(e_loc), e_loc)
