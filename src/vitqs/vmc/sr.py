@@ -22,6 +22,7 @@ from torch.func import functional_call, jacrev, vmap
 
 from vitqs.config import NATURAL_GRADIENTS, OptimizerConfig
 from vitqs.distributed import gather_rows, rank, reduce_sum, total_count, world_size
+from vitqs.models import row_gradients
 from vitqs.vmc.estimators import sample_mean
 
 
@@ -46,18 +47,36 @@ def set_parameter_vector(model, vector: torch.Tensor):
 
 
 # ------------------------------------------------------------- log-derivatives
-def log_derivatives(model, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+JACOBIAN_ROUTES = ("auto", "rows", "per_sample")
+
+
+def log_derivatives(
+    model, x: torch.Tensor, chunk_size: int | None = None, route: str = "auto"
+) -> torch.Tensor:
     """Returns ``O_k(x) = ∂ log ψ(x)/∂θ_k`` as complex128 ``(N_s, P)``, or float64 for a
     model with ``positive`` set (real ``log ψ``: its imaginary part is zero, not computed).
 
-    One ``jacrev`` per sample of the real and imaginary parts of ``log ψ``, vectorised over
-    samples with ``vmap``; columns follow `parameter_vector` order.
+    Two exact routes, columns in `parameter_vector` order:
+
+    - ``rows``: the network once on the batch, one backward pass per part of ``log ψ``, and
+      each parameter's gradient per sample from what its layer saw
+      (`models.row_gradients`): a ViT and its symmetry averages;
+    - ``per_sample``: one ``jacrev`` per sample of the real and imaginary parts of ``log ψ``,
+      vectorised over samples with ``vmap``: any ``vmap``-compatible model.
+
+    ``auto`` takes ``rows`` where it covers the model, else ``per_sample``.
 
     Args:
-        model: ``(B, N) -> log ψ (B,)`` with real parameters; must be ``vmap``-compatible.
+        model: ``(B, N) -> log ψ (B,)`` with real parameters.
         x: configurations ``(N_s, N)``.
-        chunk_size: samples per vectorised call; None for all at once.
+        chunk_size: samples per call; None for all at once.
+        route: "auto", "rows" (an error for a model it does not cover) or "per_sample".
     """
+    if route not in JACOBIAN_ROUTES:
+        raise ValueError(f"route={route!r} is not one of {list(JACOBIAN_ROUTES)}")
+    by_rows = route != "per_sample" and row_gradients.covers(model)
+    if route == "rows" and not by_rows:
+        raise ValueError(f"the rows route does not cover {type(model).__name__}")
     params = {name: p.detach() for name, p in trainable_parameters(model).items()}
     buffers = dict(model.named_buffers())
     positive = bool(getattr(model, "positive", False))
@@ -77,7 +96,11 @@ def log_derivatives(model, x: torch.Tensor, chunk_size: int | None = None) -> to
     # (N_s, P, parts): Re (and Im) side by side; each block is copied in once
     parts = out[..., None] if positive else torch.view_as_real(out)
     for start in range(0, x.shape[0], step):
-        jac = jacobian(params, x[start : start + step])  # name -> (B, parts, *shape)
+        chunk = x[start : start + step]
+        rows_out = parts[start : start + len(chunk)]
+        if by_rows and row_gradients.row_log_derivatives(model, chunk, rows_out):
+            continue
+        jac = jacobian(params, chunk)  # name -> (B, parts, *shape)
         column = 0
         for j in jac.values():
             block = rearrange(j, "batch part ... -> batch (...) part")  # (B, n, parts)

@@ -1,0 +1,265 @@
+"""Per-sample log-derivatives of a ViT, or of its symmetry averages, from one backward pass
+per part of log ψ.
+
+``vmap(jacrev)`` differentiates every sample on its own: each op of the forward and backward
+pass goes through the batching layer, which on small networks costs several times the
+arithmetic (a 6-site ViT's 64-sample Jacobian: ~6 ms against ~0.4 ms for a forward pass).
+Here the network runs once on the whole batch, as in training any network, and one backward
+pass of ``Σ_s Re log ψ(s)`` (and one of ``Σ_s Im log ψ(s)``) gives the gradient at the output
+of every layer. Since each sample's log ψ depends on that sample alone, the gradient at a
+layer's output, row by row, is the gradient of that row's own log ψ; and every parameter of
+the ViT enters through an op whose gradient is a product of that output gradient ``g`` with
+what the forward pass saw:
+
+- a ``Linear`` layer ``y = a Wᵀ + b``: ``∂/∂W = Σ_t g_t ⊗ a_t``, ``∂/∂b = Σ_t g_t``;
+- a ``LayerNorm`` ``y = γ x̂ + β``: ``∂/∂γ = Σ_t g_t x̂_t``, ``∂/∂β = Σ_t g_t``;
+- the factored attention's weights ``out_i = Σ_j α_ij v_j``: ``∂/∂α_ij = g_i · v_j`` per head,
+  summed over the displacements a translation-invariant table ties together;
+- the position embedding: the gradient at the embedding's output;
+- the log-cosh head's four weights and biases: ``g ⊗ z`` with ``g`` the gradient at its
+  pre-activations, from the head's own function on the recorded ``z``;
+- a Jastrow factor, linear in its couplings: forward-mode derivatives of the factor alone.
+
+The sums run over a sample's tokens and, under a symmetry average (`Symmetrized`, which
+passes a sample's copies to the network as consecutive rows), over its copies. The result is
+exactly the Jacobian of ``vmap(jacrev)`` (equal to rounding, `tests/models/test_row_gradients.py`),
+at the cost of one batched forward and two batched backward passes.
+
+`row_log_derivatives` returns None for a model it does not cover (full attention with a
+relative bias, the simple ViT, a bare Jastrow, any parameter it does not recognise); the
+caller then differentiates sample by sample.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call, jacfwd
+from torch.nn import functional as F
+
+from vitqs.models.attention import FactoredAttention, FullAttention
+from vitqs.models.jastrow import Jastrow
+from vitqs.models.symmetrize import Symmetrized
+from vitqs.models.vit import LogCoshHead, ViT, log_cosh_parts
+
+
+class _NotCovered(Exception):
+    """The network ran in a way the recorded products do not describe (a layer called twice)."""
+
+
+def covers(model: nn.Module) -> bool:
+    """Returns whether `row_log_derivatives` computes every trainable parameter's column."""
+    vit = _bare_vit(model)
+    if vit is None:
+        return False
+    handled = {id(p) for p in _handled_parameters(vit)}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return all(id(p) in handled for p in trainable)
+
+
+def _bare_vit(model: nn.Module) -> ViT | None:
+    """Returns the ViT under any number of `Symmetrized` averages, or None for another model."""
+    while isinstance(model, Symmetrized):
+        model = model.model
+    return model if isinstance(model, ViT) else None
+
+
+def _handled_parameters(vit: ViT) -> list[nn.Parameter]:
+    params = []
+    for module in vit.modules():
+        if isinstance(module, FullAttention) and module.relative_bias is not None:
+            continue  # a bias inside the softmax: not a product at a recorded output
+        if isinstance(module, (nn.Linear, nn.LayerNorm)):
+            params += [p for p in (module.weight, module.bias) if p is not None]
+        elif isinstance(module, FactoredAttention):
+            params.append(module.alpha if module.relative is None else module.relative.table)
+        elif isinstance(module, LogCoshHead):
+            params += [module.weight_re, module.bias_re]
+            if not module.positive:
+                params += [module.weight_im, module.bias_im]
+        elif isinstance(module, Jastrow):
+            params += list(module.parameters())
+    if vit.position is not None:
+        params.append(vit.position)
+    return params
+
+
+class _Tape:
+    """Records, during one forward pass, the input and output of every layer whose parameters
+    `row_log_derivatives` differentiates (forward hooks on the bare ViT's modules)."""
+
+    def __init__(self, vit: ViT):
+        self.records: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.handles = []
+        for module in vit.modules():
+            if isinstance(module, (nn.Linear, nn.LayerNorm, LogCoshHead, Jastrow)):
+                self.handles.append(module.register_forward_hook(self._record))
+
+    def _record(self, module, inputs, output):
+        if module in self.records:
+            raise _NotCovered(f"{type(module).__name__} ran twice in one forward pass")
+        self.records[module] = (inputs[0], output)
+
+    def close(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def row_log_derivatives(model: nn.Module, x: torch.Tensor, parts_out: torch.Tensor) -> bool:
+    """Writes ``O_k(x) = ∂ log ψ(x)/∂θ_k`` into ``parts_out`` ``(N_s, P, parts)``: ``Re O`` and
+    ``Im O`` side by side (``Re O`` alone for a ``positive`` model, whose log ψ is real), columns
+    in `sr.parameter_vector` order. Returns False, having written nothing, where the model is
+    not `covers`-ed.
+
+    Args:
+        model: a `ViT`, or `Symmetrized` averages of one.
+        x: configurations ``(N_s, N)``.
+        parts_out: ``(N_s, P, 2)`` (``(N_s, P, 1)`` for a positive model), e.g.
+            ``torch.view_as_real`` of a complex ``(N_s, P)`` tensor.
+    """
+    if not covers(model):
+        return False
+    vit = _bare_vit(model)
+    tape = _Tape(vit)
+    try:
+        with torch.enable_grad():
+            log_psi = model(x)
+    except _NotCovered:
+        return False
+    finally:
+        tape.close()
+    records = tape.records
+    positive = bool(getattr(model, "positive", False))
+    parts = [log_psi.real] if positive else [log_psi.real, log_psi.imag]
+    modules = list(records)
+    outputs = [records[m][1] for m in modules]
+    n_samples = x.shape[0]
+    for k, part in enumerate(parts):
+        grads = torch.autograd.grad(
+            part.sum(), outputs, retain_graph=k + 1 < len(parts), allow_unused=True
+        )
+        at_output = {
+            m: torch.zeros_like(out) if g is None else g
+            for m, out, g in zip(modules, outputs, grads, strict=True)
+        }
+        with torch.no_grad():  # products of recorded tensors: no graph of their own
+            per_param = _per_sample(vit, records, at_output, n_samples)
+            _write_in_vector_order(model, per_param, parts_out[..., k])
+    return True
+
+
+def _per_sample(vit: ViT, records, at_output, n_samples: int) -> dict[int, torch.Tensor]:
+    """Returns ``id(parameter) → (N_s, *shape)``: each parameter's gradient per sample."""
+    grads: dict[int, torch.Tensor] = {}
+    for module, (inp, _) in records.items():
+        g = at_output[module]
+        if isinstance(module, nn.Linear):
+            a, g = _by_sample(inp, n_samples), _by_sample(g, n_samples)
+            grads[id(module.weight)] = torch.einsum("bto,bti->boi", g, a)
+            if module.bias is not None:
+                grads[id(module.bias)] = g.sum(dim=1)
+        elif isinstance(module, nn.LayerNorm):
+            shape = module.normalized_shape
+            normed = F.layer_norm(inp.detach(), shape, None, None, module.eps)
+            normed, g = _by_sample(normed, n_samples), _by_sample(g, n_samples)
+            grads[id(module.weight)] = (g * normed).sum(dim=1)
+            grads[id(module.bias)] = g.sum(dim=1)
+        elif isinstance(module, LogCoshHead):
+            grads.update(_head(module, records[module.norm][1], g, n_samples))
+        elif isinstance(module, Jastrow):
+            grads.update(_jastrow(module, inp, g, n_samples))
+    for module in vit.modules():
+        if isinstance(module, FactoredAttention):
+            d_alpha = _attention(module, records, at_output, n_samples)
+            grads[id(_attention_parameter(module))] = d_alpha
+    if vit.position is not None:
+        g = at_output[vit.embed.linear]  # h = embedding + position: the same gradient
+        grads[id(vit.position)] = g.reshape(n_samples, -1, *g.shape[1:]).sum(dim=1)
+    return grads
+
+
+def _by_sample(t: torch.Tensor, n_samples: int) -> torch.Tensor:
+    """``(R, ..., F)`` rows of ``N_s`` samples (each sample's copies consecutive) →
+    ``(N_s, rows and tokens of a sample, F)``."""
+    return t.reshape(n_samples, -1, t.shape[-1])
+
+
+def _attention_parameter(module: FactoredAttention) -> nn.Parameter:
+    return module.alpha if module.relative is None else module.relative.table
+
+
+def _attention(module: FactoredAttention, records, at_output, n_samples: int) -> torch.Tensor:
+    """``∂/∂α^h_ij = Σ_k g^h_ik v^h_jk`` per sample, where ``g`` is the gradient at the heads'
+    mixed values (the output projection's input) and ``v`` the values; a translation-invariant
+    table sums the entries of each displacement."""
+    value = records[module.to_value][1]  # (R, n, d)
+    g_mixed = at_output[module.to_out] @ module.to_out.weight.detach()  # (R, n, d)
+    rows, n_patches, d_model = value.shape
+    heads = module.heads
+    shape = (n_samples, rows // n_samples, n_patches, heads, d_model // heads)
+    d_alpha = torch.einsum(
+        "bcihk,bcjhk->bhij", g_mixed.reshape(shape), value.detach().reshape(shape)
+    )
+    if module.relative is None:
+        return d_alpha
+    index = module.relative.index.reshape(-1)
+    table = module.relative.table
+    out = torch.zeros((n_samples, *table.shape), dtype=d_alpha.dtype, device=d_alpha.device)
+    return out.index_add_(2, index, d_alpha.reshape(n_samples, heads, -1))
+
+
+def _head(head: LogCoshHead, z: torch.Tensor, g_out: torch.Tensor, n_samples: int) -> dict:
+    """The head's weights and biases per sample: the gradient at its pre-activations ``θ`` from
+    the head's own function (`log_cosh_parts`) on the recorded ``z``, times ``z``."""
+    z = z.detach()
+    with torch.enable_grad():
+        theta_re = F.linear(z, head.weight_re.detach(), head.bias_re.detach()).requires_grad_()
+        if head.positive:
+            real, _ = log_cosh_parts(theta_re)
+            objective = (real.sum(dim=-1) * g_out.real).sum()
+            (d_re,) = torch.autograd.grad(objective, [theta_re])
+            pairs = [(head.weight_re, head.bias_re, d_re)]
+        else:
+            theta_im = F.linear(z, head.weight_im.detach(), head.bias_im.detach())
+            theta_im.requires_grad_()
+            real, imag = log_cosh_parts(theta_re, theta_im)
+            objective = (real.sum(dim=-1) * g_out.real + imag.sum(dim=-1) * g_out.imag).sum()
+            d_re, d_im = torch.autograd.grad(objective, [theta_re, theta_im])
+            pairs = [(head.weight_re, head.bias_re, d_re), (head.weight_im, head.bias_im, d_im)]
+    z = z.reshape(n_samples, -1, z.shape[-1])
+    grads = {}
+    for weight, bias, d_theta in pairs:
+        d_theta = d_theta.reshape(n_samples, -1, d_theta.shape[-1])
+        grads[id(weight)] = torch.einsum("bca,bcd->bad", d_theta, z)
+        grads[id(bias)] = d_theta.sum(dim=1)
+    return grads
+
+
+def _jastrow(jastrow: Jastrow, x: torch.Tensor, g_out: torch.Tensor, n_samples: int) -> dict:
+    """The Jastrow factor's parameters per sample: its log is real and linear in them, so its
+    row-wise derivatives come from forward mode (few parameters), times the gradient at its
+    output."""
+    params = {name: p.detach() for name, p in jastrow.named_parameters()}
+    x = x.detach()
+
+    def log_factor(params):
+        return functional_call(jastrow, params, (x,)).real  # (R,)
+
+    derivatives = jacfwd(log_factor)(params)  # name -> (R, *shape)
+    weight = g_out.real
+    grads = {}
+    for name, p in jastrow.named_parameters():
+        d = derivatives[name] * weight.reshape(-1, *([1] * p.dim()))
+        grads[id(p)] = d.reshape(n_samples, -1, *p.shape).sum(dim=1)
+    return grads
+
+
+def _write_in_vector_order(model: nn.Module, per_param: dict, target: torch.Tensor) -> None:
+    """Copies the per-sample gradients into ``target`` ``(N_s, P)`` in `sr.parameter_vector`
+    order."""
+    column = 0
+    for p in model.parameters():
+        if p.requires_grad:
+            block = per_param[id(p)].reshape(target.shape[0], -1)
+            target[:, column : column + block.shape[1]].copy_(block)
+            column += block.shape[1]
