@@ -32,6 +32,9 @@ caller then differentiates sample by sample.
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.func import functional_call, jacfwd
@@ -52,9 +55,8 @@ def covers(model: nn.Module) -> bool:
     vit = _bare_vit(model)
     if vit is None:
         return False
-    handled = {id(p) for p in _handled_parameters(vit)}
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    return all(id(p) in handled for p in trainable)
+    handled = _plan(vit).handled
+    return all(id(p) in handled for p in model.parameters() if p.requires_grad)
 
 
 def _bare_vit(model: nn.Module) -> ViT | None:
@@ -64,36 +66,61 @@ def _bare_vit(model: nn.Module) -> ViT | None:
     return model if isinstance(model, ViT) else None
 
 
-def _handled_parameters(vit: ViT) -> list[nn.Parameter]:
-    params = []
+@dataclass(frozen=True)
+class _Plan:
+    """What `row_log_derivatives` reads of a ViT: the layers to record, the factored
+    attentions, and the ids of the parameters it differentiates."""
+
+    recorded: tuple[nn.Module, ...]
+    attentions: tuple[FactoredAttention, ...]
+    handled: frozenset[int]
+    parameters: tuple[int, ...]  # ids of all the ViT's parameters, to tell a stale plan
+
+
+# one plan per network: working it out walks every module, a cost the 6-site test
+# networks' Jacobian (~2 ms) would notice at every step
+_PLANS: weakref.WeakKeyDictionary[ViT, _Plan] = weakref.WeakKeyDictionary()
+
+
+def _plan(vit: ViT) -> _Plan:
+    ids = tuple(id(p) for p in vit.parameters())
+    plan = _PLANS.get(vit)
+    if plan is None or plan.parameters != ids:
+        plan = _PLANS[vit] = _make_plan(vit, ids)
+    return plan
+
+
+def _make_plan(vit: ViT, ids: tuple[int, ...]) -> _Plan:
+    recorded, attentions, params = [], [], []
     for module in vit.modules():
         if isinstance(module, FullAttention) and module.relative_bias is not None:
             continue  # a bias inside the softmax: not a product at a recorded output
         if isinstance(module, (nn.Linear, nn.LayerNorm)):
             params += [p for p in (module.weight, module.bias) if p is not None]
         elif isinstance(module, FactoredAttention):
-            params.append(module.alpha if module.relative is None else module.relative.table)
+            attentions.append(module)
+            params.append(_attention_parameter(module))
         elif isinstance(module, LogCoshHead):
             params += [module.weight_re, module.bias_re]
             if not module.positive:
                 params += [module.weight_im, module.bias_im]
         elif isinstance(module, Jastrow):
             params += list(module.parameters())
+        if isinstance(module, (nn.Linear, nn.LayerNorm, LogCoshHead, Jastrow)):
+            recorded.append(module)
     if vit.position is not None:
         params.append(vit.position)
-    return params
+    handled = frozenset(id(p) for p in params)
+    return _Plan(tuple(recorded), tuple(attentions), handled, ids)
 
 
 class _Tape:
     """Records, during one forward pass, the input and output of every layer whose parameters
     `row_log_derivatives` differentiates (forward hooks on the bare ViT's modules)."""
 
-    def __init__(self, vit: ViT):
+    def __init__(self, modules):
         self.records: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.handles = []
-        for module in vit.modules():
-            if isinstance(module, (nn.Linear, nn.LayerNorm, LogCoshHead, Jastrow)):
-                self.handles.append(module.register_forward_hook(self._record))
+        self.handles = [module.register_forward_hook(self._record) for module in modules]
 
     def _record(self, module, inputs, output):
         if module in self.records:
@@ -120,7 +147,8 @@ def row_log_derivatives(model: nn.Module, x: torch.Tensor, parts_out: torch.Tens
     if not covers(model):
         return False
     vit = _bare_vit(model)
-    tape = _Tape(vit)
+    plan = _plan(vit)
+    tape = _Tape(plan.recorded)
     try:
         with torch.enable_grad():
             log_psi = model(x)
@@ -143,35 +171,35 @@ def row_log_derivatives(model: nn.Module, x: torch.Tensor, parts_out: torch.Tens
             for m, out, g in zip(modules, outputs, grads, strict=True)
         }
         with torch.no_grad():  # products of recorded tensors: no graph of their own
-            per_param = _per_sample(vit, records, at_output, n_samples)
+            per_param = _per_sample(vit, plan, records, at_output, n_samples)
             _write_in_vector_order(model, per_param, parts_out[..., k])
     return True
 
 
-def _per_sample(vit: ViT, records, at_output, n_samples: int) -> dict[int, torch.Tensor]:
+def _per_sample(vit: ViT, plan: _Plan, records, at_output, n_samples: int) -> dict:
     """Returns ``id(parameter) → (N_s, *shape)``: each parameter's gradient per sample."""
     grads: dict[int, torch.Tensor] = {}
     for module, (inp, _) in records.items():
         g = at_output[module]
         if isinstance(module, nn.Linear):
             a, g = _by_sample(inp, n_samples), _by_sample(g, n_samples)
-            grads[id(module.weight)] = torch.einsum("bto,bti->boi", g, a)
+            grads[id(module.weight)] = torch.bmm(g.transpose(1, 2), a)  # Σ_t g_t ⊗ a_t
             if module.bias is not None:
                 grads[id(module.bias)] = g.sum(dim=1)
         elif isinstance(module, nn.LayerNorm):
             shape = module.normalized_shape
             normed = F.layer_norm(inp.detach(), shape, None, None, module.eps)
             normed, g = _by_sample(normed, n_samples), _by_sample(g, n_samples)
-            grads[id(module.weight)] = (g * normed).sum(dim=1)
-            grads[id(module.bias)] = g.sum(dim=1)
+            if module.weight is not None:
+                grads[id(module.weight)] = (g * normed).sum(dim=1)
+            if module.bias is not None:
+                grads[id(module.bias)] = g.sum(dim=1)
         elif isinstance(module, LogCoshHead):
             grads.update(_head(module, records[module.norm][1], g, n_samples))
         elif isinstance(module, Jastrow):
             grads.update(_jastrow(module, inp, g, n_samples))
-    for module in vit.modules():
-        if isinstance(module, FactoredAttention):
-            d_alpha = _attention(module, records, at_output, n_samples)
-            grads[id(_attention_parameter(module))] = d_alpha
+    for module in plan.attentions:
+        grads[id(_attention_parameter(module))] = _attention(module, records, at_output, n_samples)
     if vit.position is not None:
         g = at_output[vit.embed.linear]  # h = embedding + position: the same gradient
         grads[id(vit.position)] = g.reshape(n_samples, -1, *g.shape[1:]).sum(dim=1)
@@ -230,7 +258,7 @@ def _head(head: LogCoshHead, z: torch.Tensor, g_out: torch.Tensor, n_samples: in
     grads = {}
     for weight, bias, d_theta in pairs:
         d_theta = d_theta.reshape(n_samples, -1, d_theta.shape[-1])
-        grads[id(weight)] = torch.einsum("bca,bcd->bad", d_theta, z)
+        grads[id(weight)] = torch.bmm(d_theta.transpose(1, 2), z)
         grads[id(bias)] = d_theta.sum(dim=1)
     return grads
 
