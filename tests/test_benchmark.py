@@ -107,3 +107,22 @@ def test_bench_forward_script_prints_a_row_per_dtype(tmp_path):
     assert rows[0] == "| network | dtype | B = 8 | B = 16 |"
     assert [row.split(" | ")[1] for row in rows[1:]] == ["float64", "float32"]
     assert all(row.count("µs") == 2 for row in rows[1:])
+
+
+def test_bench_jacobian_script_prints_both_routes_and_their_ratio(tmp_path):
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    script = BENCH_STEP.parent / "bench_jacobian.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(path), "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| config | N_s | P | per-sample ms | rows ms | ratio |"
+    cells = rows[-1].split(" | ")
+    assert cells[1:3] == ["64", "910"]  # the tiny config's samples and parameters
+    per_sample, rows_ms, ratio = (float(c.strip(" |")) for c in cells[3:6])
+    assert per_sample > 0 and rows_ms > 0
+    assert abs(ratio - per_sample / rows_ms) < 0.01 * ratio + 0.01
