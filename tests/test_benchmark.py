@@ -37,6 +37,14 @@ def _bench_step(*argv, hide_netket=False) -> subprocess.CompletedProcess:
     )
 
 
+def _script(name: str, *argv) -> subprocess.CompletedProcess:
+    """Runs ``scripts/NAME argv`` as ``python scripts/NAME`` would."""
+    script = BENCH_STEP.parent / name
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, argv)], capture_output=True, text=True, timeout=120
+    )
+
+
 def _phase_rows(out: str) -> set[str]:
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
@@ -95,13 +103,7 @@ def test_with_netket_skips_with_one_line_when_netket_is_absent(tmp_path):
 
 def test_bench_forward_script_prints_a_row_per_dtype(tmp_path):
     path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
-    script = BENCH_STEP.parent / "bench_forward.py"
-    done = subprocess.run(
-        [sys.executable, str(script), str(path), "--batches", "8,16", "--total", "32"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _script("bench_forward.py", path, "--batches", "8,16", "--total", "32")
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert rows[0] == "| network | dtype | B = 8 | B = 16 |"
@@ -111,13 +113,7 @@ def test_bench_forward_script_prints_a_row_per_dtype(tmp_path):
 
 def test_bench_jacobian_script_prints_both_routes_and_their_ratio(tmp_path):
     path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
-    script = BENCH_STEP.parent / "bench_jacobian.py"
-    done = subprocess.run(
-        [sys.executable, str(script), str(path), "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _script("bench_jacobian.py", path, "--repeats", "1")
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert rows[0] == "| config | N_s | P | per-sample ms | rows ms | ratio |"
