@@ -1,10 +1,9 @@
 """Per-sample log-derivatives of a ViT, or of its symmetry averages, from one backward pass
 per part of log ψ.
 
-``vmap(jacrev)`` differentiates every sample on its own: each op of the forward and backward
-pass goes through the batching layer, which on small networks costs several times the
-arithmetic (a 6-site ViT's 64-sample Jacobian: ~6 ms against ~0.4 ms for a forward pass).
-Here the network runs once on the whole batch, as in training any network, and one backward
+``vmap(jacrev)`` differentiates every sample on its own, each op of the forward and backward
+pass going through the batching layer. Here the network runs once on the whole batch, as in
+training any network, and one backward
 pass of ``Σ_s Re log ψ(s)`` (and one of ``Σ_s Im log ψ(s)``) gives the gradient at the output
 of every layer. Since each sample's log ψ depends on that sample alone, the gradient at a
 layer's output, row by row, is the gradient of that row's own log ψ; and every parameter of
@@ -23,9 +22,11 @@ what the forward pass saw:
 The sums run over a sample's tokens and, under a symmetry average (`Symmetrized`, which
 passes a sample's copies to the network as consecutive rows), over its copies. The result is
 exactly the Jacobian of ``vmap(jacrev)`` (equal to rounding, `tests/models/test_row_gradients.py`),
-at the cost of one batched forward and two batched backward passes.
+at the cost of one batched forward and two batched backward passes: 1.04-1.25x faster than
+``vmap(jacrev)`` on one core (results/performance.md), since that arithmetic, not the batching
+layer, is most of the cost.
 
-`row_log_derivatives` returns None for a model it does not cover (full attention with a
+`row_log_derivatives` returns False for a model it does not cover (full attention with a
 relative bias, the simple ViT, a bare Jastrow, any parameter it does not recognise); the
 caller then differentiates sample by sample.
 """
@@ -52,11 +53,19 @@ class _NotCovered(Exception):
 
 def covers(model: nn.Module) -> bool:
     """Returns whether `row_log_derivatives` computes every trainable parameter's column."""
+    return _covered_plan(model) is not None
+
+
+def _covered_plan(model: nn.Module) -> tuple[ViT, _Plan] | None:
+    """Returns the bare ViT of ``model`` and its plan, or None where the plan misses a
+    trainable parameter of ``model`` (or there is no ViT)."""
     vit = _bare_vit(model)
     if vit is None:
-        return False
-    handled = _plan(vit).handled
-    return all(id(p) in handled for p in model.parameters() if p.requires_grad)
+        return None
+    plan = _plan(vit)
+    if not all(id(p) in plan.handled for p in model.parameters() if p.requires_grad):
+        return None
+    return vit, plan
 
 
 def _bare_vit(model: nn.Module) -> ViT | None:
@@ -144,10 +153,10 @@ def row_log_derivatives(model: nn.Module, x: torch.Tensor, parts_out: torch.Tens
         parts_out: ``(N_s, P, 2)`` (``(N_s, P, 1)`` for a positive model), e.g.
             ``torch.view_as_real`` of a complex ``(N_s, P)`` tensor.
     """
-    if not covers(model):
+    covered = _covered_plan(model)
+    if covered is None:
         return False
-    vit = _bare_vit(model)
-    plan = _plan(vit)
+    vit, plan = covered
     tape = _Tape(plan.recorded)
     try:
         with torch.enable_grad():
