@@ -154,6 +154,10 @@ BAD = {
         lambda d: d["sampler"].update(local_energy_dtype="float32", kind="full_sum"),
         "sampler.local_energy_dtype=float32 needs sampler.kind=metropolis",
     ),
+    "jacobian_dtype": (
+        lambda d: d["optimizer"].update(jacobian_dtype="float16"),
+        "optimizer.jacobian_dtype",
+    ),
     "machine_pow_zero": (lambda d: d["sampler"].update(machine_pow=0), "sampler.machine_pow"),
     "machine_pow_full_sum": (
         lambda d: d["sampler"].update(machine_pow=1.5, kind="full_sum"),

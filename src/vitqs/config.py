@@ -459,6 +459,11 @@ class OptimizerConfig(Section):
     # max_seconds): the ground state is followed from where it is easy to find (null: off)
     anneal_from: dict | None = option(None, optional(real_mapping("{U: 3.3}")))
     anneal_until: float | None = option(None, optional(real(positive=True, maximum=1.0)))
+    # precision of the network copy whose log-derivatives O_k(x) build S and the force (null:
+    # the model's dtype). float32 rounding moves O by ~1e-7 relative (up to ~1e-4 where a
+    # symmetry projection cancels) and the update by ~1e-5, far inside its Monte Carlo noise;
+    # the parameters, energies and the solve's arithmetic keep the model's dtype
+    jacobian_dtype: str | None = option(None, optional(choice(*DTYPES)), resumable=True)
 
 
 @dataclass

@@ -7,6 +7,7 @@ from helpers import CHAIN, model_config, random_spins
 from vitqs.models import build_model
 from vitqs.models.precision import NetworkCopy
 from vitqs.physics.hilbert import SpinHalf
+from vitqs.vmc.sr import log_derivatives
 
 
 def _vit():
@@ -45,3 +46,14 @@ def test_another_model_gets_a_copy_of_its_own():
 def test_an_unknown_dtype_names_the_config_key():
     with pytest.raises(ValueError, match=r"sampler.local_energy_dtype=torch.float16 is not one"):
         NetworkCopy(torch.float16, key="sampler.local_energy_dtype")
+
+
+@pytest.mark.parametrize("route", ["rows", "per_sample"])
+def test_a_float32_copy_differentiates_log_psi_to_float32_rounding(route):
+    # optimizer.jacobian_dtype: the copy's O_k(x), in the float64 model's columns
+    model, x = _vit(), random_spins(32, 8, seed=2)
+    exact = log_derivatives(model, x, route=route)
+    rounded = log_derivatives(NetworkCopy(torch.float32)(model), x, route=route)
+    assert rounded.dtype == torch.complex128 and rounded.shape == exact.shape
+    assert not torch.equal(rounded, exact)
+    assert (rounded - exact).abs().max() < 1e-5 * exact.abs().max()  # measured 3e-7, 4e-7
