@@ -369,19 +369,27 @@ def test_bad_settings_raise_with_the_config_key():
         OptimizerConfig(lr=-1.0)
 
 
-@pytest.mark.parametrize("tiny", [tiny_heisenberg, tiny_bose_hubbard])
-@pytest.mark.usefixtures("single_thread")
-def test_a_step_with_float32_local_energies_is_the_float64_step_to_float32_rounding(tmp_path, tiny):
-    # the same model, samples and SR solve; only the connected configurations' log ψ are
-    # evaluated by a float32 copy (a wide head: ψ far from uniform, ratios far from 1)
+def _one_step_in_each_dtype(tiny, tmp_path, section: str, key: str) -> dict:
+    """Returns ``{dtype: (energy, update)}`` of one step of the tiny config with ``section.key``
+    null and float32 (a wide head: ψ far from uniform, ratios far from 1); the model's
+    parameters stay float64 either way."""
     steps = {}
     for dtype in (None, "float32"):
-        data = tiny(tmp_path, model={"head_init_std": 1.0}, sampler={"local_energy_dtype": dtype})
+        data = tiny(tmp_path, model={"head_init_std": 1.0}, **{section: {key: dtype}})
         vmc = build_vmc(from_dict(data))
         theta = parameter_vector(vmc.model)
         result = vmc.step()
         steps[dtype] = (result.energy.mean, theta - parameter_vector(vmc.model))
         assert all(p.dtype == torch.float64 for p in vmc.model.parameters())
+    return steps
+
+
+@pytest.mark.parametrize("tiny", [tiny_heisenberg, tiny_bose_hubbard])
+@pytest.mark.usefixtures("single_thread")
+def test_a_step_with_float32_local_energies_is_the_float64_step_to_float32_rounding(tmp_path, tiny):
+    # the same model, samples and SR solve; only the connected configurations' log ψ are
+    # evaluated by a float32 copy
+    steps = _one_step_in_each_dtype(tiny, tmp_path, "sampler", "local_energy_dtype")
     (e64, update64), (e32, update32) = steps[None], steps["float32"]
     assert e32 != e64  # the float32 copy did the work
     assert abs(e32 - e64) < 1e-5 * abs(e64)  # measured: 6e-7 (spins), 5e-7 (bosons)
@@ -393,14 +401,7 @@ def test_a_step_with_float32_local_energies_is_the_float64_step_to_float32_round
 def test_a_step_with_a_float32_jacobian_is_the_float64_step_to_float32_rounding(tmp_path, tiny):
     # the same samples and local energies; only O_k(x) comes from a float32 copy, and the
     # solve, the parameters and the update stay float64
-    steps = {}
-    for dtype in (None, "float32"):
-        data = tiny(tmp_path, model={"head_init_std": 1.0}, optimizer={"jacobian_dtype": dtype})
-        vmc = build_vmc(from_dict(data))
-        theta = parameter_vector(vmc.model)
-        result = vmc.step()
-        steps[dtype] = (result.energy.mean, theta - parameter_vector(vmc.model))
-        assert all(p.dtype == torch.float64 for p in vmc.model.parameters())
+    steps = _one_step_in_each_dtype(tiny, tmp_path, "optimizer", "jacobian_dtype")
     (e64, update64), (e32, update32) = steps[None], steps["float32"]
     assert e32 == e64  # measured before the update, by the float64 model
     assert not torch.equal(update32, update64)  # the float32 copy did the work
