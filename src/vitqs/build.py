@@ -17,6 +17,7 @@ import torch
 from vitqs import distributed
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, HeisenbergConfig
 from vitqs.models import build_model, final_symmetrized, invariances, sector_characters
+from vitqs.models.precision import torch_dtype
 from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
@@ -63,17 +64,13 @@ def resolve_device(name: str) -> torch.device:
     return distributed.local_device(torch.device(name))  # under torchrun: this rank's GPU
 
 
-def _torch_dtype(name: str | None) -> torch.dtype | None:
-    return None if name is None else getattr(torch, name)
-
-
 def build_network(config: Config, hamiltonian) -> torch.nn.Module:
     """Returns the model of ``config.model`` on the config's device and dtype."""
     try:
         model = build_model(config.model, hamiltonian.lattice, hamiltonian.hilbert)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    return model.to(device=resolve_device(config.device), dtype=_torch_dtype(config.dtype))
+    return model.to(device=resolve_device(config.device), dtype=torch_dtype(config.dtype))
 
 
 def build_sampler(config: Config, hamiltonian, model=None):
@@ -103,7 +100,7 @@ def build_sampler(config: Config, hamiltonian, model=None):
             n_discard=cfg.n_discard,
             rule=cfg.rule,
             seed=config.seed + 1,
-            dtype=_torch_dtype(cfg.dtype),
+            dtype=torch_dtype(cfg.dtype),
             machine_pow=cfg.machine_pow,
             bare_chains=cfg.bare_chains,
             sector_table=cfg.sector_table,
@@ -147,7 +144,7 @@ def build_vmc(config: Config) -> VMC:
         sampler,
         config.optimizer,
         chunk_size=config.sampler.chunk_size,
-        local_energy_dtype=_torch_dtype(config.sampler.local_energy_dtype),
+        local_energy_dtype=torch_dtype(config.sampler.local_energy_dtype),
         anneal=Anneal(config, hamiltonian) if annealed else None,
         n_samples_late=config.sampler.n_samples_late,
         late_fraction=config.sampler.late_fraction,

@@ -16,6 +16,11 @@ import torch
 _DTYPES = (None, torch.float32, torch.float64)
 
 
+def torch_dtype(name: str | None) -> torch.dtype | None:
+    """Returns the torch dtype a config names (``"float32"``, ``"float64"``), None for None."""
+    return None if name is None else getattr(torch, name)
+
+
 class NetworkCopy:
     """Returns, when called with a model, that model in ``dtype``: the model itself when the
     dtypes agree (or ``dtype`` is None), else a copy made once and given the model's current

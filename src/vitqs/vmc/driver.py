@@ -24,7 +24,7 @@ import torch
 
 from vitqs.config import OptimizerConfig, SamplerConfig
 from vitqs.distributed import agree_max, broadcast_from_root, reduce_sum
-from vitqs.models.precision import NetworkCopy
+from vitqs.models.precision import NetworkCopy, torch_dtype
 from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
 from vitqs.vmc.optimizers import Adam, Schedule
 from vitqs.vmc.sampler import Samples
@@ -152,10 +152,8 @@ class VMC:
         )
         # O_k(x) from a copy in optimizer.jacobian_dtype: the largest phase of a symmetrised
         # ViT's step (12 copies of the kagome 2x3's: 0.53 s float64, 0.18 s float32)
-        jacobian_dtype = self.optimizer.jacobian_dtype
         self._jacobian_network = NetworkCopy(
-            None if jacobian_dtype is None else getattr(torch, jacobian_dtype),
-            key="optimizer.jacobian_dtype",
+            torch_dtype(self.optimizer.jacobian_dtype), key="optimizer.jacobian_dtype"
         )
         # a schedule is the value: asked for the step's lr and diagonal shift
         self.lr = Schedule.of(self.optimizer, "lr")
