@@ -159,6 +159,15 @@ BAD = {
         "optimizer.jacobian_dtype",
     ),
     "machine_pow_zero": (lambda d: d["sampler"].update(machine_pow=0), "sampler.machine_pow"),
+    "compile_not_bool": (lambda d: d["sampler"].update(compile="fast"), "sampler.compile"),
+    "compile_full_sum": (
+        lambda d: d["sampler"].update(compile=True, kind="full_sum"),
+        "sampler.compile=True needs sampler.kind=metropolis",
+    ),
+    "compile_no_vit": (
+        lambda d: (d["sampler"].update(compile=True), d["model"].update(kind="jastrow")),
+        "sampler.compile=true compiles the vit model's forward pass; model.kind=jastrow",
+    ),
     "machine_pow_full_sum": (
         lambda d: d["sampler"].update(machine_pow=1.5, kind="full_sum"),
         "sampler.machine_pow=1.5 needs sampler.kind=metropolis",

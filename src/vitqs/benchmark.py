@@ -39,7 +39,9 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     ``n_samples``, ``method_used``, ``device``, ``dtype``, ``chain_dtype``,
     ``local_energy_dtype`` and ``jacobian_dtype`` (the networks the chains, the local
     energies and the log-derivatives run on),
-    ``threads``, ``n_iter``, ``n_warmup``.
+    ``threads``, ``n_iter``, ``n_warmup``, ``compile_seconds`` (``sampler.compile``: the
+    first compiled pass of the chains' network, tracing and compiling, inside the warm-up;
+    0 without).
 
     Args:
         config: a validated config; ``threads`` (if set) is applied with
@@ -85,6 +87,7 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         "threads": torch.get_num_threads(),
         "n_iter": n_iter,
         "n_warmup": n_warmup,
+        "compile_seconds": getattr(sampler, "compile_seconds", 0.0),
     }
 
 
@@ -146,6 +149,7 @@ def phase_table(result: dict) -> str:
     lines.append(f"{'step':<14}{per_iter:>10.4f}{1:>8.0%}")
     lines += [
         f"warm-up extra  {result['seconds_warmup']:.3f} s over {result['n_warmup']} steps",
+        *_compile_line(result),
         f"samples/s      {result['samples_per_second']:.0f} "
         f"({result['proposals_per_second']:.0f} proposals/s)",
         f"E_loc/s        {result['local_energies_per_second']:.0f}",
@@ -155,3 +159,11 @@ def phase_table(result: dict) -> str:
         f"threads {result['threads']}  median of {result['n_iter']} steps",
     ]
     return "\n".join(lines)
+
+
+def _compile_line(result: dict) -> list[str]:
+    """Returns the line on the compiled chains' first pass, none without ``sampler.compile``."""
+    seconds = result.get("compile_seconds", 0.0)
+    if not seconds:
+        return []
+    return [f"compile        {seconds:.3f} s (the chains' first compiled pass, tracing included)"]

@@ -104,6 +104,7 @@ def build_sampler(config: Config, hamiltonian, model=None):
             machine_pow=cfg.machine_pow,
             bare_chains=cfg.bare_chains,
             sector_table=cfg.sector_table,
+            compile=cfg.compile,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None

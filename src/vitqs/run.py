@@ -384,11 +384,12 @@ class _Checkpoints:
 
 class _ProgressBar:
     """A tqdm bar on stderr (rank 0), with the last energy, its relative error and the
-    acceptance."""
+    acceptance; above it, once, what compiling the chains' network cost (sampler.compile)."""
 
     def __init__(self, run: Run, show: bool):
         from tqdm import tqdm  # the bar is the shell's business; imported where it is used
 
+        self.show, self.compile_told = show, False
         record = run.record
         self.exact_energy = record.exact["energy"] if record.exact else None
         self.bar = tqdm(
@@ -401,6 +402,14 @@ class _ProgressBar:
         )
 
     def __call__(self, vmc: VMC, result) -> bool:
+        compile_seconds = getattr(vmc.sampler, "compile_seconds", 0.0)
+        if self.show and compile_seconds and not self.compile_told:
+            self.compile_told = True
+            self.bar.write(
+                f"sampler.compile: the chains' first compiled pass took {compile_seconds:.1f} s "
+                f"(tracing and compiling; step {result.step}'s sampling includes it)",
+                file=sys.stderr,
+            )
         self.bar.set_postfix_str(_progress_text(result, self.exact_energy), refresh=False)
         self.bar.update(1)
         return False

@@ -95,7 +95,9 @@ class FactoredAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, n_patches, d_model = x.shape
-        if n_patches * d_model <= FUSED_MAX_WIDTH and not torch.is_grad_enabled():
+        # under torch.compile the layers below fuse into a few loops and need no cache
+        fuse = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+        if fuse and n_patches * d_model <= FUSED_MAX_WIDTH:
             sources = (*self.parameters(),)
             kernel_t, bias = self._fused.get(sources, self._fused_form)
             out = torch.addmm(bias, x.reshape(batch, -1), kernel_t)

@@ -121,7 +121,13 @@ class Jastrow(nn.Module):
         return einsum(onehot, self.onsite, "batch site state, state -> batch")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.v.dtype)
-        log_j = einsum(x, self.couplings(), x, "batch i, i j, batch j -> batch")
-        log_j = log_j + self.onsite_term(x)
+        log_j = self.log_amplitude(x)
         return torch.complex(log_j, torch.zeros_like(log_j))
+
+    def log_amplitude(self, x: torch.Tensor) -> torch.Tensor:
+        """Returns the real ``log J(x)`` ``(B,)``."""
+        x = x.to(self.v.dtype)
+        # Σ_ij x_i V_ij x_j as a product and a row sum: a three-operand einsum fixes the
+        # batch size for torch.compile (its contraction order depends on the sizes)
+        log_j = (torch.matmul(x, self.couplings()) * x).sum(dim=-1)
+        return log_j + self.onsite_term(x)

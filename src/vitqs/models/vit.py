@@ -273,16 +273,22 @@ class ViT(nn.Module):
                 raise ValueError("model.sign_prior needs a complex head: set model.positive=false")
             sign_sites = torch.as_tensor(sign_sites, dtype=torch.float64)
         self.register_buffer("sign_sites", sign_sites, persistent=False)
+        # the single pass without gradients under torch.compile (`compiled.compile_passes`,
+        # sampler.compile): ``x -> log ψ``, or None for the eager `_log_psi`
+        self.compiled = None
         self.double()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.head.weight_re.dtype)
-        if torch.is_grad_enabled() or x.device.type != "cpu":
+        if torch.is_grad_enabled():
             return self._log_psi(x)
+        single_pass = self._log_psi if self.compiled is None else self.compiled
+        if x.device.type != "cpu":
+            return single_pass(x)
         rows = self._rows_per_pass(x)
         if x.shape[0] <= rows:
-            return self._log_psi(x)
-        return torch.cat([self._log_psi(part) for part in x.split(rows)])
+            return single_pass(x)
+        return torch.cat([single_pass(part) for part in x.split(rows)])
 
     def _rows_per_pass(self, x: torch.Tensor) -> int:
         """Configurations per forward pass without gradients on CPU: as many as keep the
@@ -292,15 +298,37 @@ class ViT(nn.Module):
         return max(MIN_ROWS_PER_PASS, ACTIVATION_BYTES // row_bytes)
 
     def _log_psi(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(self.grid.split(x))  # (batch, patch, d_model)
+        # the head and the Jastrow factor are called as modules: `row_gradients` records
+        # their outputs through forward hooks
+        log_psi = self.head(self._trunk(x))
+        if self.jastrow is not None:
+            log_psi = log_psi + self.jastrow(x)
+        if self.sign_sites is not None:
+            log_psi = torch.complex(log_psi.real, log_psi.imag + self._sign_phase(x))
+        return log_psi
+
+    def log_psi_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(Re, Im)`` of `_log_psi` ``(B,)`` each, in real arithmetic only (what
+        ``torch.compile`` fuses, `compiled.py`)."""
+        real, imag = self.head.parts(self._trunk(x))
+        if imag is None:
+            imag = torch.zeros_like(real)
+        if self.jastrow is not None:
+            real = real + self.jastrow.log_amplitude(x)
+        if self.sign_sites is not None:
+            imag = imag + self._sign_phase(x)
+        return real, imag
+
+    def _trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """Returns the patch vectors ``(batch, patch, d_model)`` after the encoder blocks."""
+        h = self.embed(self.grid.split(x))
         if self.position is not None:
             h = h + self.position
         for block in self.blocks:
             h = block(h)
-        log_psi = self.head(h)
-        if self.jastrow is not None:
-            log_psi = log_psi + self.jastrow(x)
-        if self.sign_sites is not None:  # the prior's sign: a phase π per marked up spin
-            ups = torch.matmul((x > 0).to(x.dtype), self.sign_sites)
-            log_psi = torch.complex(log_psi.real, log_psi.imag + math.pi * ups.remainder(2.0))
-        return log_psi
+        return h
+
+    def _sign_phase(self, x: torch.Tensor) -> torch.Tensor:
+        """Returns the sign prior's phase ``(B,)``: π per up spin on a marked site (mod 2π)."""
+        ups = torch.matmul((x > 0).to(x.dtype), self.sign_sites)
+        return math.pi * ups.remainder(2.0)

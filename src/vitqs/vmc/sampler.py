@@ -56,6 +56,7 @@ import torch
 
 from vitqs.config import BOSON_RULES, RULES, SPIN_RULES, SamplerConfig
 from vitqs.distributed import gather_rows, rank, reduce_sum, world_size
+from vitqs.models.compiled import compile_passes, compile_seconds
 from vitqs.models.precision import NetworkCopy
 from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.hilbert import Bosons, SpinHalf
@@ -225,6 +226,9 @@ class MetropolisSampler(Sampler):
         sector_table: on a sector with no more states than a call makes proposals, the
             chains walk it by table look-up (`sector_walk`): the same chains, one forward
             pass per call. False: a forward pass per proposal step always.
+        compile: the chains run on a copy of the network whose forward passes go through
+            ``torch.compile`` (`models.compiled`); ``compile_seconds`` says what the first
+            pass cost.
     """
 
     def __init__(
@@ -241,6 +245,7 @@ class MetropolisSampler(Sampler):
         machine_pow: float = SamplerConfig.machine_pow,
         bare_chains: bool = SamplerConfig.bare_chains,
         sector_table: bool = SamplerConfig.sector_table,
+        compile: bool = SamplerConfig.compile,
     ):
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
@@ -259,7 +264,9 @@ class MetropolisSampler(Sampler):
         self.rule = _resolve_rule(rule, self.hilbert)
         self._moves = _move_table(self.rule, hamiltonian)  # (n_moves, 2) int64
         self.seed = int(seed)
-        self._network_of_chains = NetworkCopy(dtype, key="sampler.dtype")
+        self.compile = bool(compile)
+        prepare = compile_passes if self.compile else None
+        self._network_of_chains = NetworkCopy(dtype, key="sampler.dtype", prepare=prepare)
         self.dtype = dtype
         if not (math.isfinite(machine_pow) and machine_pow > 0):
             raise ValueError(f"sampler.machine_pow={machine_pow} must be a positive number")
@@ -280,6 +287,13 @@ class MetropolisSampler(Sampler):
             )
         self.n_samples = int(n_samples)
         self.n_per_chain = self.n_samples // self.n_chains_total
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds the first compiled pass of the chains' network took (tracing and
+        compiling included); 0 without ``compile`` or before the first call."""
+        network = self._network_of_chains.network
+        return 0.0 if not self.compile or network is None else compile_seconds(network)
 
     def local_energy(self, hamiltonian, network, samples: Samples, chunk_size=None):
         """Returns the local energies of the samples, through ``network`` at the connected
