@@ -414,8 +414,8 @@ class SamplerConfig(Section):
     # the same chains from the same random numbers (vmc/sector_walk.py). false: never
     sector_table: bool = option(True, boolean(), resumable=True)
     # the chains' forward passes through torch.compile (vit models; models/compiled.py):
-    # sampling 1.2-1.7x faster on the per-proposal path (float32, one core, 16 to 64 sites);
-    # the first pass compiles (12-22 s, ~4 s from torch's on-disk cache), so off by default
+    # sampling 1.2-1.7x faster on the per-proposal path (float32, one core, 12 to 64 sites);
+    # the first pass compiles (11-22 s, 3-5 s from torch's on-disk cache), so off by default
     compile: bool = option(False, boolean(), resumable=True)
     # more samples late in the run: n_samples_late per step once late_fraction of n_iter (or
     # of optimizer.max_seconds, whichever comes first) has passed
