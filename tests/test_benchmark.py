@@ -129,3 +129,17 @@ def test_bench_jacobian_script_prints_the_routes_and_their_ratios(tmp_path):
     assert abs(ratio - per_sample / rows_ms) < 0.01 * ratio + 0.01
     assert abs(ratio32 - rows_ms / rows32) < 0.01 * ratio32 + 0.01
     assert 0 < deviation < 1e-5  # float32 rounding, not another Jacobian
+
+
+def test_compiled_chains_report_what_compiling_cost(tmp_path, capsys):
+    """sampler.compile: `vitqs bench speed` prints the first compiled pass's seconds (in
+    its JSON too) and `vitqs run` says it once above the progress bar."""
+    data = tiny_heisenberg(tmp_path / "out", sampler={"compile": True, "sector_table": False})
+    path = write_config(tmp_path / "tiny.yaml", data)
+    code, out, err = run_main(capsys, "bench", "speed", path, "--n-iter", "1", "--json")
+    assert code == 0, err
+    assert last_json(out)["compile_seconds"] > 0.0
+    assert "compile " in out and "the chains' first compiled pass" in out
+    code, _, err = run_main(capsys, "run", path, "--set", "optimizer.n_iter=2")
+    assert code == 0, err
+    assert err.count("sampler.compile: the chains' first compiled pass took") == 1
