@@ -87,7 +87,7 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         "threads": torch.get_num_threads(),
         "n_iter": n_iter,
         "n_warmup": n_warmup,
-        "compile_seconds": getattr(sampler, "compile_seconds", 0.0),
+        "compile_seconds": sampler.compile_seconds,
     }
 
 

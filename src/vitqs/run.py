@@ -402,17 +402,21 @@ class _ProgressBar:
         )
 
     def __call__(self, vmc: VMC, result) -> bool:
-        compile_seconds = getattr(vmc.sampler, "compile_seconds", 0.0)
-        if self.show and compile_seconds and not self.compile_told:
-            self.compile_told = True
-            self.bar.write(
-                f"sampler.compile: the chains' first compiled pass took {compile_seconds:.1f} s "
-                f"(tracing and compiling; step {result.step}'s sampling includes it)",
-                file=sys.stderr,
-            )
+        if self.show and not self.compile_told:
+            self._tell_compile(vmc.sampler.compile_seconds, result.step)
         self.bar.set_postfix_str(_progress_text(result, self.exact_energy), refresh=False)
         self.bar.update(1)
         return False
+
+    def _tell_compile(self, seconds: float, step: int) -> None:
+        """Writes, once, what the chains' first compiled pass cost (nothing before it)."""
+        if seconds:
+            self.compile_told = True
+            self.bar.write(
+                f"sampler.compile: the chains' first compiled pass took {seconds:.1f} s "
+                f"(tracing and compiling; step {step}'s sampling includes it)",
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
         self.bar.close()

@@ -143,6 +143,12 @@ class Sampler(ABC):
         whose every call covers the same states keeps them."""
         return None
 
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds the first compiled forward pass took (``sampler.compile``); 0 for a
+        sampler without compiled chains."""
+        return 0.0
+
     def start_chains(self, chains) -> None:
         """Starts the chains from these configurations ``(n, n_sites)`` (``model.init_from``);
         nothing for a sampler without chains."""
