@@ -163,8 +163,10 @@ def _in_final_measurement(h5) -> bool:
 def test_sigterm_during_the_final_measurement_resumes_to_the_same_energy(
     tmp_path, capsys, monkeypatch
 ):
-    # a final measurement long enough to be caught in (about a second on 2 cores)
-    sections = {**SECTIONS, "final": {"n_samples": 32_768}}
+    # a final measurement long enough to be caught in (about a second on 2 cores: the tiny
+    # sector's chains and local energies by table look-up take 4x the samples of the forward
+    # passes')
+    sections = {**SECTIONS, "final": {"n_samples": 131_072}}
     straight = run_config(
         from_dict(tiny_heisenberg(tmp_path / "straight", **sections)), progress=False
     )

@@ -10,6 +10,7 @@ from helpers import ComplexRBM
 from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.estimators import local_energy
 from vitqs.vmc.sampler import MetropolisSampler, _move_table
 from vitqs.vmc.sector_walk import MAX_TABLE_ENTRIES, sector_moves
 
@@ -111,3 +112,61 @@ def test_the_table_is_walked_only_when_the_sector_has_fewer_states_than_the_prop
     assert not switched_off._walks_sector(10**9)
     everywhere = MetropolisSampler(hamiltonian, n_samples=64, n_chains=16, rule="exchange_global")
     assert not everywhere._walks_sector(10**9)
+
+
+class _NoForwardPass(torch.nn.Module):
+    """A network the tabled local energies must not call."""
+
+    def forward(self, x):
+        raise AssertionError("a forward pass where every amplitude was tabled")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("machine_pow", [2.0, 1.5])
+def test_local_energies_from_the_table_are_those_of_forward_passes(case, machine_pow):
+    """A sector no larger than the kept samples is tabled by the model itself: the local
+    energies come from H's elements and the table, equal to the forward-pass route's."""
+    make_hamiltonian, rule = CASES[case]
+    hamiltonian = make_hamiltonian()
+    model = ComplexRBM(hamiltonian.n_sites, n_hidden=4, scale=0.3, seed=2)
+    n_samples = 48  # ≥ every case's sector (19–35 states)
+    assert hamiltonian.hilbert.dimension <= n_samples
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=n_samples, n_chains=16, rule=rule, seed=5, machine_pow=machine_pow
+    )
+    for samples in (sampler.sample(model), sampler.draw(model, 3 * n_samples)):
+        assert samples.sector_log_psi is not None
+        tabled = sampler.local_energy(hamiltonian, _NoForwardPass(), samples)
+        forward = local_energy(hamiltonian, model, samples.x, samples.log_psi)
+        assert tabled.shape == samples.log_psi.shape
+        torch.testing.assert_close(tabled, forward, rtol=0, atol=1e-12 * float(forward.abs().max()))
+
+
+def test_tabled_local_energies_follow_the_hamiltonian_of_the_step():
+    """An annealed H shares the sampler's sector: its own elements are used, not the first's."""
+    hamiltonian = Heisenberg(Lattice((3, 2)), J2=0.5)
+    model = ComplexRBM(6, n_hidden=4, scale=0.3, seed=4)
+    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=16, seed=1)
+    samples = sampler.sample(model)
+    for J2 in (0.5, 0.0, 0.8):
+        step = Heisenberg(Lattice((3, 2)), J2=J2)
+        step.hilbert = hamiltonian.hilbert
+        tabled = sampler.local_energy(step, _NoForwardPass(), samples)
+        forward = local_energy(step, model, samples.x, samples.log_psi)
+        torch.testing.assert_close(tabled, forward, rtol=0, atol=1e-12)
+    other_sector = Heisenberg(Lattice((3, 2)), J2=0.5)  # its own Hilbert space: no table
+    forward = local_energy(other_sector, model, samples.x, samples.log_psi)
+    torch.testing.assert_close(sampler.local_energy(other_sector, model, samples), forward)
+
+
+def test_no_local_energies_from_a_table_the_model_did_not_make():
+    """The float32 copy tables a sector larger than the kept samples, the bare network that of
+    bare chains: neither is the model's ψ, so the local energies take forward passes."""
+    hamiltonian = Heisenberg(Lattice((6,)))  # 20 states
+    model = ComplexRBM(6, n_hidden=4, scale=0.3, seed=2)
+    copy = MetropolisSampler(hamiltonian, n_samples=16, n_chains=16, dtype=torch.float32)
+    assert copy._walks_sector(16 * 6 * 5) and copy.sample(model).sector_log_psi is None
+    bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=5)
+    symmetrized = Symmetrized(bare, Lattice((6,)).translations[:3], spin_flip=1)
+    chains = MetropolisSampler(hamiltonian, n_samples=32, n_chains=16, bare_chains=True)
+    assert chains.sample(symmetrized).sector_log_psi is None
