@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import random_bosons, random_spins
 
-from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT
+from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT, row_gradients
 from vitqs.models.row_gradients import covers
 from vitqs.models.symmetrize import space_group_average
 from vitqs.physics.lattice import Lattice
@@ -81,7 +81,11 @@ COVERED = {
 
 
 @pytest.mark.parametrize("name", list(COVERED))
-def test_rows_route_equals_each_sample_own_gradient(name):
+@pytest.mark.parametrize("stacked", [True, False], ids=["parts stacked", "one pass per part"])
+def test_rows_route_equals_each_sample_own_gradient(name, stacked, monkeypatch):
+    # a small batch differentiates Re and Im log ψ in one pass over the batch written
+    # twice, a large one in a pass each: both must be each sample's gradient
+    monkeypatch.setattr(row_gradients, "STACKED_PARTS_MAX_SITES", 10**9 if stacked else 0)
     factory, sites = COVERED[name]
     model = _perturbed(factory())
     x = random_bosons(5, 6, n_max=2) if sites == "bosons" else random_spins(5, sites)
