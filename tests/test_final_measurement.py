@@ -48,9 +48,13 @@ def test_repeated_final_measurements_agree_with_the_enumerated_energy():
         energy = statistics(sampler.local_energy(ham, model, samples))
         estimates.append(energy.mean.real)
         errors.append(energy.error_of_mean)
-    # the mean of the 20 estimates lies within 2 of its standard errors of the exact value
+    # the mean of the 20 estimates lies within 3 of its standard errors of the exact value:
+    # a chain left in |ψ|^0.2 would be off by many. (2 of them fail one set of 20 seeds in
+    # 20 by chance: measured over 15 sets, z = (mean − exact)/error had rms 0.87 with the
+    # chains' random numbers drawn per sweep, 1.08 per step before, each with a set beyond
+    # ±2.3; this set gave +2.35 once the draws moved to per sweep)
     standard_error = math.sqrt(np.sum(np.square(errors))) / len(errors)
-    assert abs(np.mean(estimates) - enumerated.mean.real) <= 2 * standard_error
+    assert abs(np.mean(estimates) - enumerated.mean.real) <= 3 * standard_error
 
 
 def test_the_final_discard_is_the_config_value_or_the_kept_length():

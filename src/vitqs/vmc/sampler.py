@@ -533,18 +533,28 @@ class MetropolisSampler(Sampler):
         # distinct proposal once (worth its cost only then; decided from the chain states)
         distinct = x.device.type == "cpu" and 2 * distinct_rows(x).n_distinct < self.n_chains
         step = partial(self._metropolis_step, network, distinct=distinct)
-        for _ in range(n_discard * self.sweep_size):
-            x, log_psi, accepted = step(x, log_psi, accepted)
         kept = (self.n_chains, self.n_per_chain)
         samples_x = torch.empty((*kept, self.n_sites), dtype=x.dtype, device=x.device)
         samples_log_psi = torch.empty(kept, dtype=log_psi.dtype, device=x.device)
-        for s in range(self.n_per_chain):
-            for _ in range(self.sweep_size):
-                x, log_psi, accepted = step(x, log_psi, accepted)
-            samples_x[:, s] = x
-            samples_log_psi[:, s] = log_psi
+        for sweep in range(n_discard + self.n_per_chain):
+            picks, log_u = self._sweep_draws(x.device)
+            for t in range(self.sweep_size):
+                x, log_psi, accepted = step(x, log_psi, accepted, picks[t], log_u[t])
+            if sweep >= n_discard:
+                samples_x[:, sweep - n_discard] = x
+                samples_log_psi[:, sweep - n_discard] = log_psi
         self._chains = x
         return samples_x, samples_log_psi, accepted
+
+    def _sweep_draws(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns one sweep's random numbers, each ``(sweep_size, n_chains)``: the move each
+        chain picks at each step and the log of the uniform its acceptance test compares.
+        Both paths draw them so (a sweep's picks, then its uniforms), and so make the same
+        chains; one draw per sweep, not two per step, spares the table walk most of its ops."""
+        shape = (self.sweep_size, self.n_chains)
+        picks = torch.randint(len(self._moves), shape, generator=self._generator, device=device)
+        log_u = torch.rand(shape, generator=self._generator, device=device).log_()
+        return picks, log_u
 
     def _walks_sector(self, n_proposals: int) -> bool:
         """Returns whether this call's chains walk the sector by table look-up: the sector
@@ -562,55 +572,55 @@ class MetropolisSampler(Sampler):
         """`_run_chains` by table look-up (sector_walk.py): the same proposals and
         acceptance tests from the same random numbers, the log ψ of every state from one
         forward pass over the sector. Returns `_run_chains`' three values and the table:
-        log ψ of every state ``(S,)`` and the kept samples' states ``(C, n_per_chain)``."""
+        log ψ of every state ``(S,)`` and the kept samples' states ``(C, n_per_chain)``.
+
+        The walk itself runs in numpy on the host, whatever the device: a step is a few
+        gathers on ``n_chains`` integers, ~1 µs each there against ~10 µs a torch op."""
         device, dtype = self._chains.device, self._chains.dtype
         states = self._sector.states.to(device=device, dtype=dtype)  # (S, N)
-        targets = self._sector.targets.to(device)  # (S, n_moves), −1: an invalid move
+        targets = self._sector.targets.numpy()  # (S, n_moves), −1: an invalid move
         log_psi = evaluate_log_psi(network, states)  # (S,)
         # entry −1 (an invalid move's target) weighs nothing: log u < −inf is never true
-        log_weight = torch.cat(
-            [self.machine_pow * log_psi.real, log_psi.real.new_full((1,), -math.inf)]
+        log_weight = (
+            torch.cat([self.machine_pow * log_psi.real, log_psi.real.new_full((1,), -math.inf)])
+            .cpu()
+            .numpy()
         )
-        index = torch.as_tensor(self.hilbert.state_index(self._chains), device=device)  # (C,)
-        n_chains, n_moves = len(index), targets.shape[1]
-        accepted = torch.zeros(n_chains, dtype=torch.int64, device=device)  # per chain
+        index = self.hilbert.state_index(self._chains)  # (C,)
+        weight = log_weight[index]  # of each chain's state
+        accepted = np.zeros(len(index), dtype=np.int64)  # per chain
+        kept = np.empty((len(index), self.n_per_chain), dtype=np.int64)
+        with np.errstate(invalid="ignore"):  # −inf − (−inf): a chain where ψ = 0, rejected
+            for sweep in range(n_discard + self.n_per_chain):
+                picks, log_u = (draw.cpu().numpy() for draw in self._sweep_draws(device))
+                for t in range(self.sweep_size):
+                    target = targets[index, picks[t]]
+                    target_weight = log_weight[target]
+                    accept = log_u[t] < target_weight - weight  # NaN ratios compare False
+                    accepted += accept
+                    index = np.where(accept, target, index)
+                    weight = np.where(accept, target_weight, weight)
+                if sweep >= n_discard:
+                    kept[:, sweep - n_discard] = index
+        kept = torch.as_tensor(kept, device=device)
+        self._chains = states[torch.as_tensor(index, device=device)]
+        n_accepted = torch.as_tensor(int(accepted.sum()), device=device)
+        return states[kept], log_psi[kept], n_accepted, (log_psi, kept)
 
-        def step(index):
-            pick = torch.randint(n_moves, (n_chains,), generator=self._generator, device=device)
-            target = targets[index, pick]
-            log_ratio = log_weight[target] - log_weight[index]
-            log_u = torch.log(torch.rand(n_chains, generator=self._generator, device=device))
-            accept = log_u < log_ratio  # NaN ratios compare False
-            accepted.add_(accept)
-            return torch.where(accept, target, index)
-
-        for _ in range(n_discard * self.sweep_size):
-            index = step(index)
-        kept = torch.empty((n_chains, self.n_per_chain), dtype=torch.int64, device=device)
-        for s in range(self.n_per_chain):
-            for _ in range(self.sweep_size):
-                index = step(index)
-            kept[:, s] = index
-        self._chains = states[index]
-        return states[kept], log_psi[kept], accepted.sum(), (log_psi, kept)
-
-    def _metropolis_step(self, model, x, log_psi, accepted, *, distinct=False):
-        x_new, valid = self._propose(x)
+    def _metropolis_step(self, model, x, log_psi, accepted, pick, log_u, *, distinct=False):
+        x_new, valid = self._propose(x, pick)
         log_psi_new = self._log_psi_of_valid(model, x_new, valid, log_psi, distinct)
         log_ratio = self.machine_pow * (log_psi_new - log_psi).real
-        log_u = torch.log(torch.rand(x.shape[0], generator=self._generator, device=x.device))
         accept = valid & (log_u < log_ratio)  # NaN ratios compare False: rejected
         x = torch.where(accept[:, None], x_new, x)
         log_psi = torch.where(accept, log_psi_new, log_psi)
         return x, log_psi, accepted + accept.sum()
 
-    def _propose(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns proposed configurations ``(C, N)`` and whether each move is valid ``(C,)``."""
+    def _propose(self, x: torch.Tensor, pick: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns proposed configurations ``(C, N)`` and whether each move is valid ``(C,)``:
+        chain c makes move ``pick[c]`` (``exchange_global`` draws its own pair)."""
         if self.rule == "exchange_global":
             return _propose_exchange_global(x, self._generator, self.hilbert)
-        pick = torch.randint(
-            len(self._moves), (x.shape[0],), generator=self._generator, device=x.device
-        )
         src, dst = self._move_index[pick, 0:1], self._move_index[pick, 1:2]  # (C, 1) each
         return apply_moves(x, src, dst, self.rule, getattr(self.hilbert, "n_max", None))
 
