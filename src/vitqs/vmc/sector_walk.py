@@ -10,9 +10,10 @@ from each state, built once, replaces the proposal's configuration:
     target[s, m] = index of the state move m makes from state s   (−1: an invalid move)
 
 A Metropolis step is then a few gathers: pick ``m``, ``s' = target[s, m]``, accept with
-``min(1, exp(p (Re log ψ(s') − Re log ψ(s))))``. The generator draws the same numbers in the
-same order as the per-proposal path (`MetropolisSampler._propose`), so both produce the same
-chains up to the rounding of the forward passes.
+``min(1, exp(p (Re log ψ(s') − Re log ψ(s))))``. Both paths take their random numbers from
+`MetropolisSampler._sweep_draws`, so they produce the same chains up to the rounding of the
+forward passes. Where the model itself tables the sector, the local energies come from the
+same table (`MetropolisSampler.local_energy`).
 """
 
 from __future__ import annotations
