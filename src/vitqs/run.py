@@ -487,6 +487,10 @@ class _Signals:
         if self._raise_now is None:  # writing the interrupted file: let it land whole
             return
         if self._raise_now:
+            # kept as well: Python prints and drops an exception raised while it runs a
+            # weakref callback or a __del__, where a handler can find itself (measured:
+            # 2 of 6 SIGTERMs in a tiny run's final measurement); `check` raises it again
+            self.received = signum
             raise _Signalled(signum)
         if self.received is not None:
             raise KeyboardInterrupt
@@ -496,6 +500,11 @@ class _Signals:
         """From now on a signal raises; one that came since the last step raises now."""
         self._raise_now = True
         if self.received is not None:
+            raise _Signalled(self.received)
+
+    def check(self) -> None:
+        """Raises for a signal since `measuring` whose raise was dropped (see `_handle`)."""
+        if self._raise_now and self.received is not None:
             raise _Signalled(self.received)
 
     def hold(self) -> None:
@@ -525,6 +534,7 @@ def _finish(run: Run, signals: _Signals, start: float) -> dict:
         # every iteration is done: checkpoint, so an interrupted final measurement resumes here
         _checkpoint(run, run.vmc.seconds_before + time.perf_counter() - start)
         _measure_final(run, start)
+        signals.check()  # a signal whose raise was dropped: the file must not say finished
         if not math.isfinite(run.record.final["energy"]):
             run.record.final, run.record.observables = None, {}
             _stop(run, "the final measurement gave a non-finite energy")
