@@ -198,7 +198,7 @@ class Sampler(ABC):
         ]
         if len(batches) == 1:
             return batches[0]
-        tabled = batches if all(s.sector_log_psi is not None for s in batches) else None
+        tabled = all(s.sector_log_psi is not None for s in batches)
         return Samples(
             x=torch.cat([s.x for s in batches], dim=1),
             log_psi=torch.cat([s.log_psi for s in batches], dim=1),
@@ -208,7 +208,7 @@ class Sampler(ABC):
             if batches[0].log_importance is None
             else torch.cat([s.log_importance for s in batches], dim=1),
             # the same parameters in every batch: one table holds every sample's log ψ
-            sector_log_psi=tabled[0].sector_log_psi if tabled else None,
+            sector_log_psi=batches[0].sector_log_psi if tabled else None,
             sector_index=torch.cat([s.sector_index for s in batches], dim=1) if tabled else None,
         )
 
@@ -322,13 +322,13 @@ class MetropolisSampler(Sampler):
         A sample where ψ vanishes (``log ψ = −∞``: chains on the bare network at a state
         the symmetry projection cancels; its importance weight is 0) gets ``E_loc = 0``."""
         vanishing = torch.isneginf(samples.log_psi.real)  # no host sync: the step's hot path
-        log_psi = torch.where(vanishing, torch.zeros_like(samples.log_psi), samples.log_psi)
         # the model's own log ψ of every state of this sampler's sector (an annealed H
         # shares it): no forward pass
         if samples.sector_log_psi is not None and hamiltonian.hilbert is self.hilbert:
             e_loc = self._sector_local_energy(hamiltonian, samples.sector_log_psi)
             e_loc = e_loc[samples.sector_index]
         else:
+            log_psi = torch.where(vanishing, torch.zeros_like(samples.log_psi), samples.log_psi)
             e_loc = local_energy(hamiltonian, network, samples.x, log_psi, chunk_size)
         return torch.where(vanishing, torch.zeros_like(e_loc), e_loc)
 
