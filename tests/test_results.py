@@ -70,6 +70,8 @@ def make_record(n_steps: int = 5, *, finished: bool = True, exact: bool = True) 
             "seconds": 12.5,
             "seconds_per_iter": 2.5,
             "n_discard": 64,
+            "acceptance": 0.31,
+            "note": "a note on the numbers",
         }
         record.observables = {
             "structure_factor": np.linspace(0.0, 1.0, 8).reshape(2, 4),

@@ -44,6 +44,7 @@ SUMMARY_KEYS = {
     "n_iter",
     "seconds",
     "seconds_per_iter",
+    "note",
     "results_file",
 }
 
@@ -78,7 +79,9 @@ def test_run_writes_the_documented_layout(make, tmp_path, capsys):
         np.testing.assert_array_equal(f["history/step"][()], np.arange(n_iter))
         assert set(EXACT_FIELDS) <= set(f["exact"].attrs)
         assert f["exact"].attrs["energy"] == summary["exact_energy"]
-        assert set(FINAL_FIELDS) <= set(f["final"].attrs)
+        # note: only where the numbers need one (a zero variance that is an eigenstate's)
+        assert set(FINAL_FIELDS) - {"note"} <= set(f["final"].attrs)
+        assert 0 < f["final"].attrs["acceptance"] < 1
         assert f["final"].attrs["energy"] == summary["energy"]
         assert len(f["final/observables"]) > 0
         assert f["checkpoint"].attrs["step"] == n_iter
@@ -524,7 +527,8 @@ def test_a_run_whose_chains_freeze_stops_with_a_checkpoint(tmp_path):
         run_config(config, progress=False, initial_parameters=parameters)
     record = results.read_results(results.results_path(config.output.dir, config.name))
     # the last good checkpoint is kept: one written before the chains froze, not after
-    assert record.status == "interrupted" and record.checkpoint is not None
+    assert record.status == "failed" and record.checkpoint is not None
+    assert "accepted no move" in record.failure
     assert record.checkpoint_step % config.output.checkpoint_every == 0
     assert record.checkpoint_step < len(record.history)
     acceptance = [row["acceptance"] for row in record.history]
@@ -533,9 +537,12 @@ def test_a_run_whose_chains_freeze_stops_with_a_checkpoint(tmp_path):
     assert acceptance[0] > 0 and len(acceptance) < 12
     assert acceptance[-3:] == [0.0, 0.0, 0.0] and acceptance[-4] > 0
 
-    config, parameters = _collapsed_jastrow_run(tmp_path / "on", None)  # null: never stop
-    summary = run_config(config, progress=False, initial_parameters=parameters)
-    assert summary["n_iter"] == 12
+    # null: the steps go on to the end, and the collapsed state is no result all the same
+    config, parameters = _collapsed_jastrow_run(tmp_path / "on", None)
+    with pytest.raises(RunStopped, match=r"the last \d+ steps accepted no move.*collapsed"):
+        run_config(config, progress=False, initial_parameters=parameters)
+    record = results.read_results(results.results_path(config.output.dir, config.name))
+    assert record.status == "failed" and record.final is None and len(record.history) == 12
 
 
 def test_a_one_state_sector_is_never_called_frozen(tmp_path):

@@ -9,6 +9,7 @@ CLI reports them like every other bad value.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -65,12 +66,53 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_network(config: Config, hamiltonian) -> torch.nn.Module:
-    """Returns the model of ``config.model`` on the config's device and dtype."""
+    """Returns the model of ``config.model`` on the config's device and dtype; ConfigError
+    for one too large for the machine (`check_model_fits`), before anything is allocated."""
+    device = resolve_device(config.device)
+    check_model_fits(config, device)
     try:
         model = build_model(config.model, hamiltonian.lattice, hamiltonian.hilbert)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    return model.to(device=resolve_device(config.device), dtype=torch_dtype(config.dtype))
+    return model.to(device=device, dtype=torch_dtype(config.dtype))
+
+
+# Bytes a step needs per parameter, at the least: the log-derivatives of every sample
+# (complex128, one row per sample), and a few vectors of parameters (the model, its float32
+# copy, gradients, the update, the last good state).
+_JACOBIAN_BYTES, _VECTOR_BYTES = 16, 64
+
+
+def check_model_fits(config: Config, device: torch.device) -> None:
+    """Raises ConfigError when ``config.model`` has so many parameters that one step needs
+    more memory than ``device`` has in all: ``model.layers: 1e9`` would otherwise allocate
+    until the machine ran out. Counted before anything is allocated, as a lower bound: a
+    model refused here could never run; one let through may still not fit."""
+    cfg = config.model
+    if cfg.kind not in ("vit", "simple_vit"):
+        return
+    # every encoder block holds at least the attention's value and output projections
+    n_params = cfg.layers * 2 * cfg.d_model**2
+    rows = config.sampler.n_samples if config.sampler.kind == "metropolis" else 1
+    need = n_params * (_JACOBIAN_BYTES * rows + _VECTOR_BYTES)
+    have = _device_memory(device)
+    if have is not None and need > have:
+        raise ConfigError(
+            f"model.layers={cfg.layers}, model.d_model={cfg.d_model}: at least "
+            f"{n_params:.3g} parameters, whose log-derivatives over sampler.n_samples={rows} "
+            f"need {need / 2**30:.3g} GiB, more than the {have / 2**30:.3g} GiB of {device}; "
+            "lower model.layers, model.d_model or sampler.n_samples"
+        )
+
+
+def _device_memory(device: torch.device) -> int | None:
+    """Returns the bytes of memory of ``device`` in all (None where it cannot tell)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def build_sampler(config: Config, hamiltonian, model=None):

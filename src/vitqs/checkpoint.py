@@ -80,6 +80,11 @@ def _on_this_lattice(network_state: dict, record, config: Config, model, where: 
         source = grid_of(shape, stored_model.get("patch_size", config.model.patch_size))
         network_state = {k.removeprefix("model."): v for k, v in network_state.items()}
         return transfer_state(network_state, bare, source)
+    except (IndexError, KeyError, RuntimeError) as err:
+        raise ConfigError(
+            f"{where}: its parameters are not those of the lattice.shape={list(shape)} its "
+            f"config names ({first_line(err)}); the file is not a run of ours as it stands"
+        ) from None
     except (ValueError, TypeError) as err:
         raise ConfigError(
             f"{where}: that run is on lattice.shape={list(shape)}, this one on "

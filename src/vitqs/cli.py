@@ -152,12 +152,14 @@ def _run_text(summary: dict) -> str:
     if summary["relative_error"] is not None:  # None when there is no exact energy, or it is 0
         relative = summary["relative_error"]
         lines.append(f"  relative error  {relative:+.3e}   (E − E_exact)/|E_exact|")
+    if summary.get("note"):
+        lines.append(f"  note            {summary['note']}")
     lines.append(f"  results         {summary['results_file']}")
     return "\n".join(lines)
 
 
 def _cmd_report(args) -> int:
-    from vitqs.report import report
+    from vitqs.report import printable, report
     from vitqs.results import ResultsError, read_results
 
     try:
@@ -168,7 +170,7 @@ def _cmd_report(args) -> int:
         raise ConfigError(str(err)) from None
     print(table)
     for png in pngs:
-        print(png)
+        print(printable(str(png)))  # a file's name comes from whoever named it
     return 0
 
 

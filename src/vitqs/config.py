@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from vitqs.errors import ConfigError, describe
+from vitqs.errors import ConfigError, describe, shown
 from vitqs.yamlfile import apply_overrides, read_yaml
 
 # ---- value checkers: each takes (key, value) and returns the value, converted -------------
@@ -28,6 +28,11 @@ def _is_int(value) -> bool:
 # The largest integer a float carries exactly (and JSON readers keep): no count of samples,
 # steps or sites comes near it, so a larger value is a typo, not a wish.
 MAX_INTEGER = 2**53
+# torch takes its thread count as a C int; no machine has more cores than this
+MAX_THREADS = 4096
+# seconds; datetime.timedelta (the process group's timeout) overflows near 1e14, and a
+# collective that waits longer than 100 days waits for nothing
+MAX_TIMEOUT = 1e7
 
 
 def integer(minimum=None, maximum=MAX_INTEGER):
@@ -65,6 +70,21 @@ def real(minimum=None, maximum=None, positive=False):
     return check
 
 
+def device_name():
+    def check(key, value):
+        text()(key, value)
+        kind, colon, index = value.partition(":")
+        ascii_index = index.isascii() and index.isdigit()
+        if value in ("auto", "cpu", "cuda") or (kind == "cuda" and colon and ascii_index):
+            return value
+        raise ConfigError(
+            f"{key}={shown(value)} is not a device; choose one of: auto | cpu | cuda | "
+            "cuda:<index>, e.g. cuda:0"
+        )
+
+    return check
+
+
 def boolean():
     def check(key, value):
         if not isinstance(value, bool):
@@ -79,7 +99,7 @@ def choice(*options):
         # compare types too: YAML's true must not pass for 1, nor 1 for true
         if not any(value == o and type(value) is type(o) for o in options):
             allowed = " | ".join(str(o).lower() if isinstance(o, bool) else str(o) for o in options)
-            raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {allowed}")
+            raise ConfigError(f"{key}={shown(value)} is not allowed; choose one of: {allowed}")
         return value
 
     return check
@@ -516,7 +536,9 @@ class DistributedConfig(Section):
     # seconds a rank waits for the others in one collective (a step's sums, rank 0's ED and
     # file writes) before the run stops: a rank that died or hangs ends the job, instead of
     # the others waiting torch's default 30 minutes. Raise it for steps or EDs that take longer
-    timeout: float = option(600.0, real(positive=True), resumable=True, runtime=True)
+    timeout: float = option(
+        600.0, real(positive=True, maximum=MAX_TIMEOUT), resumable=True, runtime=True
+    )
 
 
 _HAMILTONIANS = {"heisenberg": HeisenbergConfig, "bose_hubbard": BoseHubbardConfig}
@@ -526,9 +548,11 @@ _HAMILTONIANS = {"heisenberg": HeisenbergConfig, "bose_hubbard": BoseHubbardConf
 class Config(Section):
     name: str | None = option(None, optional(file_name()), resumable=True, runtime=True)
     seed: int = option(0, integer(0, 2**63 - 1))  # the sampler seeds a generator with seed + 1
-    device: str = option("auto", text(), resumable=True, runtime=True)
+    device: str = option("auto", device_name(), resumable=True, runtime=True)
     dtype: str = option("float64", choice(*DTYPES))
-    threads: int | None = option(None, optional(integer(1)), resumable=True, runtime=True)
+    threads: int | None = option(
+        None, optional(integer(1, MAX_THREADS)), resumable=True, runtime=True
+    )
     lattice: LatticeConfig | None = None  # required, as is the hamiltonian
     hamiltonian: HeisenbergConfig | BoseHubbardConfig | None = None
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -270,3 +270,12 @@ def agree_max(seconds: float) -> float:
     if world_size() == 1:
         return seconds
     return float(reduce_max(torch.tensor([float(seconds)])))
+
+
+def agree_all(holds: bool) -> bool:
+    """Returns whether ``holds`` is true on every rank: one decision that every rank then
+    follows (the NaN guard's retry: a rank that retried alone would shift its collectives
+    against the others' and hang until ``distributed.timeout``). On one process, the input."""
+    if world_size() == 1:
+        return bool(holds)
+    return not int(reduce_max(torch.tensor([0.0 if holds else 1.0]))[0])

@@ -21,6 +21,14 @@ def first_line(err: BaseException, limit: int = 300) -> str:
     return type(err).__name__
 
 
-def describe(value) -> str:
-    """Returns ``value`` as a message shows a wrong one: its repr and its type."""
-    return f"{value!r} ({type(value).__name__})"
+def shown(value, limit: int = 80) -> str:
+    """Returns the repr of ``value`` cut at ``limit`` characters: a message that quotes a
+    wrong value stays one readable line, however large the value."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def describe(value, limit: int = 80) -> str:
+    """Returns ``value`` as a message shows a wrong one: its repr (cut at ``limit``
+    characters) and its type."""
+    return f"{shown(value, limit)} ({type(value).__name__})"

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from vitqs import results
+from vitqs.checkpoint import stored_config
+from vitqs.errors import ConfigError
 from vitqs.plots import plot_zero_variance
 from vitqs.results import RunRecord
 
@@ -168,9 +169,9 @@ def _finite(value) -> bool:
 def _system_key(record: RunRecord) -> str | None:
     """Returns the Hamiltonian of a run as text, the same for every run of one system."""
     try:
-        config = yaml.safe_load(record.config_yaml)
+        config = stored_config(record)
         lattice, hamiltonian = dict(config["lattice"]), dict(config["hamiltonian"])
-    except (yaml.YAMLError, KeyError, TypeError, ValueError):
+    except (ConfigError, KeyError, TypeError, ValueError):  # ConfigError: not valid YAML
         return None
     kind = hamiltonian.pop("kind", "?")
     hamiltonian.pop("sign_rule", None)  # a change of basis: the same spectrum

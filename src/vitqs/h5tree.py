@@ -152,12 +152,44 @@ def _in_order(group: h5py.Group, children: list) -> list:
     return [values[key] for key in expected]
 
 
+def stored_here(dataset: h5py.Dataset) -> str | None:
+    """Returns why reading ``dataset`` would read anything but bytes stored in its own file
+    for every value it declares, or None when it reads just those.
+
+    Refused: *external* storage (the values are the bytes of any file the writer named),
+    a *virtual* dataset (they come from other HDF5 files), filters (a compressed dataset
+    declares what it likes: 2 kB of gzip inflate to 800 kB of zeros; vitqs writes none), and
+    declared values without stored bytes (unwritten chunks read as fill values: a 13 kB file
+    declaring 200,000 rows once cost a report 555 MB). Memory and time are then bounded by
+    the size of the file itself.
+    """
+    if dataset.is_virtual:
+        return "a virtual dataset, whose values come from other files"
+    if dataset.external:
+        return "stored in external files, not in this one"
+    if dataset.id.get_create_plist().get_nfilters():
+        return "compressed or filtered (vitqs writes plain data; h5repack -f NONE undoes it)"
+    if dataset.shape is None:  # an empty dataspace (h5py.Empty) declares no values
+        return None
+    declared = int(np.prod(dataset.shape, dtype=np.float64)) * dataset.dtype.itemsize
+    if dataset.id.get_storage_size() < declared:
+        return f"declares {declared:,} bytes of values but stores {dataset.id.get_storage_size():,}"
+    return None
+
+
 def _check_size(dataset: h5py.Dataset) -> None:
     if dataset.dtype.kind not in "biufc" or dataset.dtype not in _TORCH_DTYPES:
         raise TreeError(f"{dataset.name}: dtype {dataset.dtype} is not a tensor dtype")
     size = int(np.prod(dataset.shape, dtype=np.float64)) * dataset.dtype.itemsize
     if size > MAX_LEAF_BYTES:
         raise TreeError(f"{dataset.name}: {size:,} bytes, above the {MAX_LEAF_BYTES:,} read")
+    _check_stored_here(dataset)
+
+
+def _check_stored_here(dataset: h5py.Dataset) -> None:
+    problem = stored_here(dataset)
+    if problem is not None:
+        raise TreeError(f"{dataset.name}: {problem}; only data stored in the file is read")
 
 
 def _read_tensor(dataset: h5py.Dataset) -> torch.Tensor:
@@ -169,6 +201,7 @@ def _read_tensor(dataset: h5py.Dataset) -> torch.Tensor:
 def _read_scalar(dataset: h5py.Dataset, kind: str):
     if kind == "none":
         return None
+    _check_stored_here(dataset)
     if kind == "str":
         if dataset.shape != () or dataset.dtype.kind not in "OS":
             raise TreeError(f"{dataset.name}: a str must be a scalar string")

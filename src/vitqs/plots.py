@@ -6,6 +6,7 @@ never selects or changes the global pyplot backend of the program that imports i
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from vitqs import files
 from vitqs.results import RunRecord
 
 ORDER_PARAMETERS = ("condensate_fraction", "structure_factor_peak")
@@ -35,8 +37,11 @@ def _new_axes(xlabel: str, ylabel: str, *, log_y: bool = False):
 
 
 def _save(figure: Figure, path: Path) -> Path:
-    figure.savefig(path, dpi=_DPI)
-    return path
+    """Writes ``figure`` as a PNG at ``path``, whole or not at all and never through a
+    link planted there (`files.write_atomic`)."""
+    image = io.BytesIO()
+    figure.savefig(image, dpi=_DPI, format="png")
+    return files.write_atomic(path, image.getvalue())
 
 
 def _positive(values: np.ndarray) -> np.ndarray:
@@ -57,6 +62,7 @@ def plot_run(record: RunRecord, out_dir: str | Path) -> list[Path]:
     so a run with an empty history yields no files.
     """
     out_dir = Path(out_dir)
+    files.refuse_link(out_dir)  # a folder of figures planted as a link to elsewhere
     out_dir.mkdir(parents=True, exist_ok=True)
     history = record.history_arrays()
     exact_energy = record.exact.get("energy") if record.exact else None
@@ -127,6 +133,7 @@ def plot_sweep(rows: Sequence[dict], parameter: str, out_dir: str | Path) -> lis
         raise ValueError(f"sweep rows {missing} have no value for the parameter {parameter!r}")
     rows = sorted(rows, key=lambda row: row[parameter])
     out_dir = Path(out_dir)
+    files.refuse_link(out_dir)  # a folder of figures planted as a link to elsewhere
     out_dir.mkdir(parents=True, exist_ok=True)
     x = np.array([row[parameter] for row in rows], dtype=np.float64)
     paths = [

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from vitqs import results
 from vitqs.build import build_hamiltonian, build_network, final_network
+from vitqs.checkpoint import stored_config
 from vitqs.config import from_dict
+from vitqs.errors import first_line
 from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
 from vitqs.physics import exact
 from vitqs.physics.symmetry import ground_state_sector
@@ -30,6 +31,7 @@ from vitqs.results import SUMMARY_COLUMNS, ResultsError, read_results, summary_r
 from vitqs.vmc.driver import final_estimate
 from vitqs.vmc.sampler import ExactSampler
 from vitqs.vmc.sr import set_parameter_vector
+from vitqs.workfile import is_being_written
 
 # ---- the summary table -----------------------------------------------------------------------
 
@@ -52,23 +54,59 @@ def report(path: str | Path) -> tuple[str, list[Path]]:
         files = [path]
     else:
         raise ResultsError(f"{path}: no such results file or folder")
-    rows, pngs, records = [], [], []
+    rows, pngs, records, unwritten = [], [], [], []
     for file in files:
         try:
             record = read_results(file)
         except ResultsError as err:
             rows.append(_unreadable_row(file, err))
             continue
-        pngs += plot_run(record, file.with_suffix(""))
+        if record.status == "running" and not is_being_written(file):
+            record.status = STOPPED  # its writer died: what the table says, not the file
+        try:
+            pngs += plot_run(record, file.with_suffix(""))
+        except OSError as err:  # a link planted where a figure goes, a full disk
+            unwritten.append(f"- {record.name}: figures not written ({first_line(err)})")
         rows.append(summary_row(record))
         records.append(record)
-    text = markdown_table(rows, SUMMARY_COLUMNS)
+    text = markdown_table(rows, SUMMARY_COLUMNS) + _notes(records, unwritten)
     if path.is_dir():  # runs on one system: their zero-variance extrapolation
         extrapolated, figures = write_zero_variance(records, path)
         if extrapolated:
             text += f"\n{ZERO_VARIANCE_TITLE}\n\n{extrapolated}"
             pngs += figures
     return text, pngs
+
+
+# the report's word for a file that says running with no live writer (`is_being_written`)
+STOPPED = "stopped"
+
+
+def _notes(records, unwritten=()) -> str:
+    """Returns what the table cannot say, under it: why each failed run failed, that a
+    stopped run's writer died (it resumes), each final measurement's note, and figures that
+    could not be written."""
+    lines = list(unwritten)
+    for record in records:
+        if record.status == "failed":
+            lines.append(f"- {record.name}: failed: {record.failure or 'no reason recorded'}")
+        elif record.status == STOPPED:
+            lines.append(
+                f"- {record.name}: stopped: the file says running, but no vitqs process "
+                "holds it (killed, or out of memory); `vitqs run CONFIG --resume` goes on "
+                f"from its checkpoint of step {record.checkpoint_step}"
+                if record.checkpoint is not None
+                else f"- {record.name}: stopped before its first checkpoint: start it again"
+            )
+        elif record.final and record.final.get("note"):
+            lines.append(f"- {record.name}: {record.final['note']}")
+    return "".join(f"{printable(line)}\n" for line in ["", *lines]) if lines else ""
+
+
+def printable(text: str) -> str:
+    """Returns ``text`` with every character that is not printable written as an escape:
+    a name or reason read from a file never reaches the terminal as a control sequence."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(text))
 
 
 def _unreadable_row(file: Path, err: ResultsError) -> dict:
@@ -101,7 +139,7 @@ def _format_cell(column: str, value) -> str:
         if "error" in column or column == "v_score":
             return f"{value:.2e}"
         return f"{value:.6g}"  # parameters (U = 3.3) and observables
-    return str(value).replace("|", "\\|")  # a bar inside a cell would split it
+    return printable(value).replace("|", "\\|")  # a bar inside a cell would split it
 
 
 # ---- the enumerated energy of a trained state ------------------------------------------------
@@ -148,7 +186,7 @@ def enumerable_run(path: Path, max_dim: int, symmetrize: str | None):
     record = results.read_results(path)
     if record.status != "finished" or record.exact is None:
         return None
-    config = from_dict(yaml.safe_load(record.config_yaml))
+    config = from_dict(stored_config(record) or {})
     if symmetrize is not None:
         config.final.symmetrize = symmetrize
     hamiltonian = build_hamiltonian(config)

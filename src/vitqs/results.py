@@ -33,7 +33,6 @@ plain containers only.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import json
@@ -41,7 +40,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,14 +49,17 @@ import h5py
 import numpy as np
 import torch
 
-from vitqs import __version__, h5tree
+from vitqs import __version__, files, h5tree
 from vitqs.errors import first_line
 from vitqs.physics.reference import EXACT_DIAGONALIZATION
 
 FORMAT = "vitqs-results"
 FORMAT_VERSION = 2  # 2: the checkpoint is an h5tree; 1: torch.save bytes (read, not written)
 
-STATUSES = ("running", "interrupted", "finished")
+# running: being written (or its writer died: `workfile.is_being_written` tells); interrupted:
+# stopped by a signal or a failed write, resumable as it is; failed: stopped because the run
+# could not go on or its result would not mean anything (``failure`` says why); finished.
+STATUSES = ("running", "interrupted", "failed", "finished")
 
 
 @dataclass
@@ -123,7 +124,7 @@ _LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction", "update_capped")
 EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds", "reference")
 # integer attrs cannot fall back to NaN, so they are required when the group is written
 _INT_ATTRS = ("dimension", "n_samples")
-_TEXT_ATTRS = ("reference",)
+_TEXT_ATTRS = ("reference", "note")
 
 CONVENTIONS = (
     "S = sigma/2; H_heis = J1 sum_<ij> S_i.S_j + J2 sum_<<ij>> S_i.S_j; "
@@ -159,16 +160,74 @@ def runtime_versions() -> dict[str, str]:
     }
 
 
+class History:
+    """The rows of ``/history``, held as one array per column: a long run (10^5 steps) costs
+    its numbers, not a dict per row, and a file read back costs what it stores.
+
+    Reads like the list of rows it stands for: ``len``, iteration and ``history[i]`` give
+    rows as dicts (keys ``HISTORY_FIELDS``), a slice gives a `History`, ``append`` adds a row
+    (a missing value is NaN), and it equals a list of the same rows.
+    """
+
+    def __init__(self, rows=None, *, columns: dict[str, np.ndarray] | None = None):
+        self._columns = columns if columns is not None else _columns_of([])
+        self._rows: list[dict] = []  # appended since the columns were last joined
+        for row in rows or []:
+            self.append(row)
+
+    def append(self, row: dict) -> None:
+        """Appends a row; ResultsError for a key not in HISTORY_FIELDS or without ``step``."""
+        _check_keys(row, HISTORY_FIELDS, "history row")
+        if "step" not in row:
+            raise ResultsError(f"history row {row} has no 'step'")
+        self._rows.append(dict(row))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Returns one 1-D array per field of HISTORY_FIELDS (int64 step, float64 others)."""
+        if self._rows:
+            more = _columns_of(self._rows)
+            self._columns = {k: np.concatenate([v, more[k]]) for k, v in self._columns.items()}
+            self._rows = []
+        return self._columns
+
+    def __len__(self) -> int:
+        return len(self._columns["step"]) + len(self._rows)
+
+    def __getitem__(self, index):
+        columns = self.arrays()
+        if isinstance(index, slice):
+            return History(columns={k: v[index].copy() for k, v in columns.items()})
+        return {name: column[index].item() for name, column in columns.items()}
+
+    def __iter__(self):
+        columns = self.arrays()
+        for i in range(len(self)):
+            yield {name: column[i].item() for name, column in columns.items()}
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (History, list)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"History({len(self)} rows)"
+
+
+def _columns_of(rows: list[dict]) -> dict[str, np.ndarray]:
+    return {name: _history_column(rows, name) for name in HISTORY_FIELDS}
+
+
 @dataclass
 class RunRecord:
     """Everything a results file holds, in memory.
 
-    ``history`` is a list of rows, each a dict with keys from ``HISTORY_FIELDS`` (missing
-    values are written as NaN). ``exact`` and ``final`` are dicts with keys from
-    ``EXACT_FIELDS`` and ``FINAL_FIELDS`` or None. ``observables`` maps a name to an array or
-    scalar and is written under ``final`` (so it needs ``final``). ``checkpoint`` holds the
-    checkpoint dict (`set_checkpoint`), the state after ``checkpoint_step`` steps; the history
-    may hold more rows than that (the steps of a failed run after its last good checkpoint).
+    ``history`` is a `History`: rows, each a dict with keys from ``HISTORY_FIELDS`` (missing
+    values are written as NaN); a list of such rows is taken as one. ``exact`` and ``final``
+    are dicts with keys from ``EXACT_FIELDS`` and ``FINAL_FIELDS`` or None. ``observables``
+    maps a name to an array or scalar and is written under ``final`` (so it needs ``final``).
+    ``checkpoint`` holds the checkpoint dict (`set_checkpoint`), the state after
+    ``checkpoint_step`` steps; the history may hold more rows than that (the steps of a
+    failed run after its last good checkpoint).
     """
 
     name: str
@@ -182,17 +241,25 @@ class RunRecord:
     updated: str = field(default_factory=_now)
     versions: dict[str, str] = field(default_factory=runtime_versions)
     conventions: str = CONVENTIONS
-    history: list[dict[str, float]] = field(default_factory=list)
+    history: History = field(default_factory=History)
     exact: dict[str, float] | None = None
     final: dict[str, float] | None = None
     observables: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict | None = None
     checkpoint_step: int | None = None
+    failure: str = ""  # why a ``failed`` run stopped, one line ("" otherwise)
+    # where the parameters started: "seed" (random), "previous point" (a sweep's warm
+    # start), "init_from" (model.init_from); "" in files written before it was kept
+    initial_state: str = ""
+
+    def __setattr__(self, name, value):
+        if name == "history" and not isinstance(value, History):
+            value = History(value)  # rows given as a list
+        super().__setattr__(name, value)
 
     def append_history(self, row: dict[str, float]) -> None:
         """Appends one iteration's row; raises ResultsError on a key not in HISTORY_FIELDS."""
-        _check_keys(row, HISTORY_FIELDS, "history row")
-        self.history.append(dict(row))
+        self.history.append(row)
 
     def set_checkpoint(self, checkpoint_dict: dict) -> None:
         """Stores a copy of ``checkpoint_dict`` (tensors on CPU) as the state after
@@ -202,7 +269,7 @@ class RunRecord:
 
     def history_arrays(self) -> dict[str, np.ndarray]:
         """Returns one 1-D array per field of HISTORY_FIELDS (int64 step, float64 others)."""
-        return {name: _history_column(self.history, name) for name in HISTORY_FIELDS}
+        return self.history.arrays()
 
 
 @dataclass
@@ -220,14 +287,25 @@ class FinalRow:
     seconds: float
     seconds_per_iter: float
     n_discard: int  # thermalisation sweeps per chain before the kept samples (0: a full sum)
+    acceptance: float  # of the final measurement's chains (NaN: a full sum)
+    note: str | None = None  # what a reader must know to trust the numbers (a zero variance)
 
     @classmethod
-    def of(cls, energy, record: RunRecord, *, seconds: float, n_discard: int) -> dict[str, float]:
+    def of(
+        cls,
+        energy,
+        record: RunRecord,
+        *,
+        seconds: float,
+        n_discard: int,
+        acceptance: float = math.nan,
+        note: str | None = None,
+    ) -> dict[str, float]:
         """Returns the final group of ``record`` measured as the `Stats` ``energy``, as a
         dict: V-score and relative error from the record's ``e_inf`` and exact energy, the
         median seconds of its steps."""
         exact_energy = record.exact["energy"] if record.exact else None
-        iter_seconds = [row["seconds_total"] for row in record.history[1:]]
+        iter_seconds = record.history_arrays()["seconds_total"][1:].tolist()
         mean = energy.mean.real
         return dataclasses.asdict(
             cls(
@@ -242,6 +320,8 @@ class FinalRow:
                 seconds=seconds,
                 seconds_per_iter=statistics.median(iter_seconds) if iter_seconds else math.nan,
                 n_discard=n_discard,
+                acceptance=acceptance,
+                note=note,
             )
         )
 
@@ -326,9 +406,10 @@ def load_checkpoint(record: RunRecord) -> dict:
 def write_results(path: str | Path, record: RunRecord) -> Path:
     """Writes ``record`` to ``path`` atomically and returns the path.
 
-    The whole file is written to a fresh temporary name and moved over ``path`` with
-    ``os.replace``; on any error the temporary file is removed and ``path`` keeps its
-    previous content. Sets ``record.updated`` to now. Creates the parent folder. Raises
+    The whole file is written through `files.write_atomic`: under a fresh temporary name,
+    then moved over ``path``; on any error the temporary file is removed and ``path`` keeps
+    its previous content, and a ``path`` that is a symbolic link is refused (OSError). Sets
+    ``record.updated`` to now. Creates the parent folder. Raises
     ResultsError for an inconsistent record (unknown status or keys, a checkpoint step past
     the history, observables without final), and OSError, with the system's reason
     (``No space left on device``, ``File too large``...), when the disk refuses the write.
@@ -336,9 +417,7 @@ def write_results(path: str | Path, record: RunRecord) -> Path:
     _check_record(record)
     record.updated = _now()
     image = _hdf5_image(record)
-    with _replacing(path) as tmp:
-        tmp.write_bytes(image)
-    return Path(path)
+    return files.write_atomic(path, image)
 
 
 def _hdf5_image(record: RunRecord) -> bytes:
@@ -352,51 +431,15 @@ def _hdf5_image(record: RunRecord) -> bytes:
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Writes ``text`` to ``path`` through a fresh temporary name beside it and
-    ``os.replace``: a reader (or a crash) sees the old file or the new one, never half of
-    one. Creates the parent folder."""
-    with _replacing(path) as tmp:
-        tmp.write_text(text)
-    return Path(path)
-
-
-@contextlib.contextmanager
-def _replacing(path: str | Path):
-    """Yields a new temporary file beside ``path`` to write; then syncs it and moves it over
-    ``path``. On any error the temporary file is removed and ``path`` keeps its content.
-
-    The temporary name is fresh and created exclusively (``mkstemp``): a fixed name could be a
-    symbolic link planted to make the write land on another file, or be another writer's.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    tmp = Path(name)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a results file is for sharing
-        yield tmp
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())  # the data must be on disk before the rename makes it visible
-        os.replace(tmp, path)
-    except BaseException:  # also KeyboardInterrupt: never leave a half file behind
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    """Writes ``text`` to ``path`` whole or not at all (`files.write_atomic`): a reader (or
+    a crash) sees the old file or the new one, never half of one. Creates the parent
+    folder."""
+    return files.write_atomic(path, text.encode())
 
 
 def _check_record(record: RunRecord) -> None:
     if record.status not in STATUSES:
         raise ResultsError(f"status {record.status!r} must be one of {list(STATUSES)}")
-    for row in record.history:
-        _check_keys(row, HISTORY_FIELDS, "history row")
-        if "step" not in row:
-            raise ResultsError(f"history row {row} has no 'step'")
     for group, allowed in (("exact", EXACT_FIELDS), ("final", FINAL_FIELDS)):
         values = getattr(record, group)
         if values is not None:
@@ -441,6 +484,10 @@ def _write_root_attrs(f: h5py.File, record: RunRecord) -> None:
     f.attrs["n_sites"] = int(record.n_sites)
     f.attrs["n_params"] = int(record.n_params)
     f.attrs["e_inf"] = float(record.e_inf)
+    if record.failure:
+        f.attrs["failure"] = record.failure
+    if record.initial_state:
+        f.attrs["initial_state"] = record.initial_state
 
 
 def _write_history(group: h5py.Group, record: RunRecord) -> None:
@@ -520,6 +567,8 @@ def _read_file(f: h5py.File, path: Path) -> RunRecord:
         versions=_versions(attrs.text("versions_json"), path),
         conventions=attrs.text("conventions"),
         history=_read_history(_group(f, "history", path), path),
+        failure=attrs.text("failure") if "failure" in f.attrs else "",
+        initial_state=attrs.text("initial_state") if "initial_state" in f.attrs else "",
     )
     if record.status not in STATUSES:
         raise ResultsError(f"{path}: status {record.status!r} is not one of {list(STATUSES)}")
@@ -577,6 +626,9 @@ def _dataset(group: h5py.Group, name: str, path: Path, *, kinds="iuf") -> np.nda
     size = int(np.prod(dataset.shape, dtype=np.float64)) * dataset.dtype.itemsize
     if size > h5tree.MAX_LEAF_BYTES:
         raise ResultsError(f"{where} holds {size:,} bytes, more than vitqs reads")
+    problem = h5tree.stored_here(dataset)
+    if problem is not None:
+        raise ResultsError(f"{where}: {problem}; a results file is read for its own data only")
     return dataset[()]
 
 
@@ -635,22 +687,29 @@ def _versions(text: str, path: Path) -> dict[str, str]:
     return {str(key): str(value) for key, value in versions.items()}
 
 
-def _read_history(group: h5py.Group, path: Path) -> list[dict[str, float]]:
+def _read_history(group: h5py.Group, path: Path) -> History:
     missing = [
         name for name in HISTORY_FIELDS if name not in group and name not in _LATER_HISTORY_FIELDS
     ]
     if missing:
         raise ResultsError(f"{path}: history lacks columns {missing}")
-    columns = {name: _dataset(group, name, path) for name in HISTORY_FIELDS if name in group}
+    columns = {
+        name: _dataset(group, name, path, kinds="iu" if name in _INT_HISTORY_FIELDS else "iuf")
+        for name in HISTORY_FIELDS
+        if name in group
+    }
     if any(column.ndim != 1 for column in columns.values()):
         raise ResultsError(f"{path}: history columns must be 1-D")
-    n_rows = len(columns["step"])
-    for name in HISTORY_FIELDS:
-        columns.setdefault(name, np.full(n_rows, math.nan))
     lengths = {name: len(column) for name, column in columns.items()}
     if len(set(lengths.values())) > 1:
         raise ResultsError(f"{path}: history columns have unequal lengths {lengths}")
-    return [{name: columns[name][i].item() for name in HISTORY_FIELDS} for i in range(n_rows)]
+    n_rows = lengths["step"]
+    typed = {}
+    for name in HISTORY_FIELDS:
+        dtype = np.int64 if name in _INT_HISTORY_FIELDS else np.float64
+        column = columns.get(name)
+        typed[name] = np.full(n_rows, math.nan) if column is None else column.astype(dtype)
+    return History(columns=typed)
 
 
 def _read_observables(final: h5py.Group, path: Path) -> dict[str, np.ndarray]:
@@ -697,7 +756,8 @@ def summary(record: RunRecord) -> dict[str, Any]:
 
     Keys: ``name, status, n_sites, n_params, n_iter`` (steps done), ``energy,
     energy_error, variance, exact_energy, reference`` (how ``exact_energy`` was obtained),
-    ``relative_error, v_score, seconds, seconds_per_iter``. A finished run reports its
+    ``relative_error, v_score, seconds, seconds_per_iter, note`` (the final measurement's,
+    where its numbers need one). A finished run reports its
     ``final`` values; an unfinished one its last history row, with relative error and V-score
     computed from it. Values not known are None (or NaN, where a measurement gave none).
     """
@@ -720,6 +780,7 @@ def summary(record: RunRecord) -> dict[str, Any]:
         row.update(
             seconds=final.get("seconds", row["seconds"]),
             seconds_per_iter=final.get("seconds_per_iter"),
+            note=final.get("note"),
         )
     elif record.history:
         energy, variance = history["energy"][-1], history["variance"][-1]
@@ -748,6 +809,7 @@ SUMMARY_FIELDS = (
     "v_score",
     "seconds",
     "seconds_per_iter",
+    "note",
 )
 
 
@@ -762,7 +824,7 @@ def reference_of(record: RunRecord) -> str | None:
 
 # the columns of the report table (`vitqs report`), a selection of the summary's
 SUMMARY_COLUMNS = tuple(
-    key for key in SUMMARY_FIELDS if key not in ("variance", "seconds_per_iter")
+    key for key in SUMMARY_FIELDS if key not in ("variance", "seconds_per_iter", "note")
 )
 
 

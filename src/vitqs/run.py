@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
 import sys
 import time
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 import yaml
 
-from vitqs import checkpoint, distributed, results, workfile
+from vitqs import checkpoint, distributed, files, results, workfile
 from vitqs.build import build_vmc, exact_ground_state, final_network, ground_state_outside
 from vitqs.config import Config, ConfigError
 from vitqs.errors import first_line
@@ -36,6 +35,7 @@ from vitqs.vmc.driver import (
     NonFiniteEnergyError,
 )
 from vitqs.vmc.estimators import sample_statistics
+from vitqs.vmc.reliability import Verdict, judge_final
 from vitqs.vmc.sr import set_parameter_vector
 
 
@@ -83,6 +83,7 @@ class Run:
     target: Path | None = None  # <output.dir>/<name>.h5, where the finished run lands
     use_cache: bool = True  # the ED cache
     saved_step: int | None = None  # the checkpoint step the file on disk holds
+    frozen: FrozenChains | None = None  # counts the steps at the end that accepted no move
 
     def __post_init__(self):
         self.saved_step = self.record.checkpoint_step if self.record.checkpoint else None
@@ -310,7 +311,7 @@ def _restore(config, path, vmc: VMC, use_cache) -> Run:
     vmc.seconds_before = checkpoint.load_state(record.checkpoint, f"--resume: '{path}'", vmc)
     # steps after the checkpoint (a run stopped by a failure) are done again
     record.history = record.history[: record.checkpoint_step]
-    record.status, record.final = "running", None
+    record.status, record.final, record.failure = "running", None, ""
     record.observables, record.config_yaml = {}, config_yaml(config)
     return Run(config, vmc, record, path)
 
@@ -325,9 +326,10 @@ def _checkpoint(run: Run, seconds: float) -> None:
 
 def _optimize(run: Run, signals: _Signals, progress: bool, start: float) -> None:
     bar = _ProgressBar(run, progress)
+    run.frozen = FrozenChains(_frozen_limit(run))
     watchers = [
         _RecordHistory(run),
-        FrozenChains(_frozen_limit(run)),
+        run.frozen,
         bar,
         _Checkpoints(run, signals, start),
     ]
@@ -345,6 +347,7 @@ def _optimize(run: Run, signals: _Signals, progress: bool, start: float) -> None
             f"rank {distributed.rank()}: a collective with the other ranks failed "
             f"({first_line(err, 200)}); a rank stopped, or none answered within "
             f"distributed.timeout={timeout:g} s",
+            status="interrupted",
         )
     except KeyboardInterrupt:  # a second Ctrl-C: stop inside the step
         _interrupted(run, signal.SIGINT)
@@ -422,19 +425,22 @@ class _ProgressBar:
         self.bar.close()
 
 
-def _stop(run: Run, cause: str):
-    """The one way out of a run that cannot continue: the file says ``interrupted`` and keeps
-    the last good checkpoint (the history keeps the steps after it, for diagnosis); raises
-    RunStopped with a line naming the step and the cause."""
-    run.record.status = "interrupted"
-    _write(run)
+def _stop(run: Run, cause: str, *, status: str = "failed", resumable: bool = True):
+    """The one way out of a run that cannot continue: the file says ``status`` — ``failed``
+    (its ``failure`` says why) or ``interrupted`` (a lost rank: nothing wrong with the run) —
+    and keeps the last good checkpoint (the history keeps the steps after it, for
+    diagnosis); raises RunStopped with a line naming the step and the cause. ``resumable``
+    False: going on from the checkpoint cannot help (a collapsed final state)."""
     step = len(run.record.history)
     if run.saved_step is None:
         kept = f"'{run.path}' holds no checkpoint yet, so start again with --overwrite"
     else:
         kept = f"'{run.path}' keeps the checkpoint of step {run.saved_step}"
     message = f"stopped after step {step}: {cause.rstrip('.')}; {kept}"
-    raise RunStopped(message, resumable=run.saved_step is not None)
+    run.record.status = status
+    run.record.failure = " ".join(message.split()) if status == "failed" else ""
+    _write(run)
+    raise RunStopped(message, resumable=resumable and run.saved_step is not None)
 
 
 def _frozen_limit(run: Run) -> int | None:
@@ -482,6 +488,7 @@ class _Signals:
         self.received: int | None = None
         self._raise_now: bool | None = False
         self._previous = {}
+        self._previous_hook = None  # sys.unraisablehook before `measuring`
 
     def _handle(self, signum, frame):
         if self._raise_now is None:  # writing the interrupted file: let it land whole
@@ -499,8 +506,16 @@ class _Signals:
     def measuring(self) -> None:
         """From now on a signal raises; one that came since the last step raises now."""
         self._raise_now = True
+        # a raise Python drops (see `_handle`) would print "Exception ignored in ..." with a
+        # traceback: the signal is kept, so that report says nothing a user needs
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
         if self.received is not None:
             raise _Signalled(self.received)
+
+    def _unraisable(self, unraisable) -> None:
+        if not isinstance(unraisable.exc_value, _Signalled):
+            self._previous_hook(unraisable)
 
     def check(self) -> None:
         """Raises for a signal since `measuring` whose raise was dropped (see `_handle`)."""
@@ -520,6 +535,8 @@ class _Signals:
     def __exit__(self, *exc):
         for sig, old in self._previous.items():
             signal.signal(sig, old)
+        if self._previous_hook is not None:
+            sys.unraisablehook = self._previous_hook
         return False
 
 
@@ -533,11 +550,19 @@ def _finish(run: Run, signals: _Signals, start: float) -> dict:
         signals.measuring()
         # every iteration is done: checkpoint, so an interrupted final measurement resumes here
         _checkpoint(run, run.vmc.seconds_before + time.perf_counter() - start)
-        _measure_final(run, start)
+        verdict = _measure_final(run, start)
         signals.check()  # a signal whose raise was dropped: the file must not say finished
         if not math.isfinite(run.record.final["energy"]):
             run.record.final, run.record.observables = None, {}
             _stop(run, "the final measurement gave a non-finite energy")
+        if verdict.failure is not None:  # a collapsed state is no result, whatever it reads
+            run.record.final, run.record.observables = None, {}
+            _stop(
+                run,
+                f"{verdict.failure} (start again with a smaller optimizer.lr or a larger "
+                "optimizer.diag_shift, with --overwrite)",
+                resumable=False,
+            )
         run.record.status = "finished"
         _checkpoint(run, run.record.final["seconds"])  # keeps the final parameters too
         _land(run)
@@ -551,11 +576,14 @@ def _finish(run: Run, signals: _Signals, start: float) -> dict:
 def _land(run: Run) -> None:
     """Moves a finished replacement (``--overwrite``) over the run it replaces."""
     if distributed.is_root() and run.path != run.target:
-        os.replace(run.path, run.target)
+        files.refuse_link(run.target)  # replaced by name: a link there would be replaced too
+        files.replace_durably(run.path, run.target)
         run.path = run.target
 
 
-def _measure_final(run: Run, start: float) -> None:
+def _measure_final(run: Run, start: float) -> Verdict:
+    """Measures the final state into the record; returns the `Verdict` on the measurement
+    (a collapse is a failure, a genuine zero variance a note in the record)."""
     config, record, vmc = run.config, run.record, run.vmc
     averaged = vmc.averaged_parameters()
     if averaged is not None:  # the final state is the mean of the late iterates
@@ -570,10 +598,27 @@ def _measure_final(run: Run, start: float) -> None:
     samples = sampler.draw(model, final.n_samples, n_discard)
     e_loc = sampler.local_energy(vmc.hamiltonian, model, samples, config.sampler.chunk_size)
     energy = sample_statistics(e_loc, samples)
+    verdict = judge_final(
+        vmc.hamiltonian,
+        model,
+        energy,
+        samples.acceptance,
+        run.frozen.n_frozen if run.frozen is not None else 0,
+        chunk_size=config.sampler.chunk_size,
+        can_sum=distributed.world_size() == 1,
+    )
     seconds = vmc.seconds_before + time.perf_counter() - start
-    record.final = results.FinalRow.of(energy, record, seconds=seconds, n_discard=n_discard)
+    record.final = results.FinalRow.of(
+        energy,
+        record,
+        seconds=seconds,
+        n_discard=n_discard,
+        acceptance=samples.acceptance,
+        note=verdict.note,
+    )
     observed = observables.first_of_each_chain(samples, final.n_samples_observables)
     record.observables = _observables(run, model, observed, sampler)
+    return verdict
 
 
 def final_discard(config: Config, sampler) -> int:
@@ -652,6 +697,7 @@ _JSON_FIELDS = (
     "n_iter",
     "seconds",
     "seconds_per_iter",
+    "note",
 )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vitqs import distributed, results
-from vitqs.checkpoint import checkpoint_parameters, config_changes
+from vitqs.checkpoint import checkpoint_parameters, config_changes, stored_config
 from vitqs.config import (
     ConfigError,
     from_dict,
@@ -33,7 +33,7 @@ from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
 from vitqs.plots import plot_sweep
 from vitqs.report import markdown_table
 from vitqs.run import run_config
-from vitqs.yamlfile import parse_yaml, read_yaml, set_dotted
+from vitqs.yamlfile import read_yaml, set_dotted
 
 _SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
 
@@ -195,7 +195,7 @@ def _settle_finished(record, config, differ: list[str]) -> str | None:
     """Returns ``reuse`` for a finished point whose differences change nothing it computed,
     ``resume`` for ones a resume settles (more steps or budget: it goes on; another final
     measurement or exact reference: it measures anew), None for the others."""
-    stored = parse_yaml(record.config_yaml)  # read back by config_changes already
+    stored = stored_config(record)  # read back by config_changes already
     earlier = stored.get("optimizer") if isinstance(stored, dict) else None
     earlier = earlier if isinstance(earlier, dict) else {}
     budget = config.optimizer.max_seconds

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from vitqs import distributed
@@ -82,23 +83,71 @@ def sole_writer(path: Path):
                 f"'{path}' is being written by another vitqs process; "
                 "let it finish or stop it (Ctrl-C / SIGTERM checkpoints it) first"
             )
+        _remove_stale_temporaries(path)
         try:
             yield
         finally:
             lock.unlink(missing_ok=True)  # still held: a later run locks a new file
 
 
+# `is_being_written` holds the lock shared for a moment: a run starting just then tries again
+_LOCK_TRIES, _LOCK_WAIT = 5, 0.05
+
+
 def _hold(handle, lock: Path) -> bool:
     """Returns whether this process now holds ``lock`` alone; True also on a file system
     without locks (run unguarded rather than not at all)."""
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
+    for attempt in range(_LOCK_TRIES):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt == _LOCK_TRIES - 1:
+                return False
+            time.sleep(_LOCK_WAIT)
+        except OSError:
+            return True
     try:
         # a lock on a file that another run removed in between guards nothing
         return os.fstat(handle.fileno()).st_ino == os.stat(lock).st_ino
     except FileNotFoundError:
         return False
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Removes the temporary files a killed writer of ``path`` (or of its pending
+    replacement) left beside it: only the lock's holder writes them, and it holds it now."""
+    for name in (path.name, pending_path(path).name):
+        for stale in path.parent.glob(f".{glob_escape(name)}.*.tmp"):
+            with contextlib.suppress(OSError):
+                if not stale.is_symlink() and stale.is_file():
+                    stale.unlink()
+
+
+def glob_escape(name: str) -> str:
+    """Returns ``name`` with the characters glob reads as patterns taken literally."""
+    return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in name)
+
+
+def is_being_written(path: str | Path) -> bool:
+    """Returns whether a live process holds the lock of the results file ``path``: a file
+    that says ``running`` without one was left by a process that died (SIGKILL, out of
+    memory, a node lost) and resumes with ``--resume``. True where it cannot tell (a file
+    system without locks, a lock it may not read): it never calls a live run dead."""
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.lock")
+    try:
+        descriptor = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False  # a clean end removes it; a writer holds it from its start to its end
+    except OSError:
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(descriptor)  # closing drops the shared lock, if taken
+    return False

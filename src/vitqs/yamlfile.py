@@ -17,6 +17,9 @@ from vitqs.errors import ConfigError, describe
 # A config is a few dozen values; aliases that expand past this many are a mistake or an
 # attack ("billion laughs": nine aliases of nine make 10^9 values out of a 1 kB file).
 MAX_YAML_NODES = 100_000
+# A config nests three levels (section, key, a list of lists); deeper text is a mistake or an
+# attack, refused before PyYAML's recursive composer would overflow Python's stack.
+MAX_YAML_DEPTH = 32
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -69,10 +72,29 @@ def _expanded_size(node, sizes: dict, open_nodes: set) -> int:
     return total
 
 
+def _nesting_depth(source: str) -> int:
+    """Returns how deep the flow and block collections of ``source`` nest, from PyYAML's
+    tokens (no recursion): brackets and braces, and block sequences and mappings."""
+    depth = deepest = 0
+    opening = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken)
+    opening += (yaml.BlockSequenceStartToken, yaml.BlockMappingStartToken)
+    closing = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
+    for token in yaml.scan(source, Loader=yaml.SafeLoader):
+        if isinstance(token, opening):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif isinstance(token, closing):
+            depth -= 1
+    return deepest
+
+
 def parse_yaml(source: str):
     """Returns the plain data of one YAML document: safe tags only, no key twice in a mapping,
-    at most ``MAX_YAML_NODES`` values once aliases are expanded. Raises ConfigError for the
-    last two and yaml.YAMLError for malformed text."""
+    at most ``MAX_YAML_NODES`` values once aliases are expanded, nested at most
+    ``MAX_YAML_DEPTH`` deep. Raises ConfigError for the last three and yaml.YAMLError for
+    malformed text."""
+    if _nesting_depth(source) > MAX_YAML_DEPTH:
+        raise ConfigError(f"the YAML nests deeper than {MAX_YAML_DEPTH} levels; a config nests 3")
     loader = _StrictLoader(source)
     try:
         node = loader.get_single_node()
@@ -129,13 +151,14 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     data = copy.deepcopy(data) if isinstance(data, dict) else data
     for item in overrides or []:
         key, sep, raw = item.partition("=")
+        shown = repr(item) if len(item) <= 80 else f"{item[:60]!r}..."
         if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r} must look like key.path=value")
+            raise ConfigError(f"--set {shown} must look like key.path=value")
         try:
             value = parse_yaml(raw)
         except ConfigError as err:
-            raise ConfigError(f"--set {item!r}: {err}") from None
+            raise ConfigError(f"--set {shown}: {err}") from None
         except yaml.YAMLError:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML") from None
+            raise ConfigError(f"--set {shown}: the value is not valid YAML") from None
         set_dotted(data, key, value)
     return data

@@ -16,9 +16,9 @@ and replaced; entries are written atomically under a fresh name.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
-import tempfile
 import time
 import warnings
 import zipfile
@@ -29,6 +29,7 @@ import numpy as np
 import scipy.sparse.linalg as sla
 import torch
 
+from vitqs import files
 from vitqs.config import ExactConfig
 
 DEFAULT_MAX_DIM = ExactConfig.max_dim  # exact.max_dim
@@ -218,25 +219,20 @@ def _keep_in_cache(path: Path, result: GroundState, hamiltonian) -> None:
 
 
 def _write_cache(path: Path, result: GroundState, hamiltonian) -> None:
-    """Writes the entry under a fresh name, then renames it: a crash never leaves half an
-    entry, and a name planted in the cache folder (a link to elsewhere) is never written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp.npz", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            np.savez(
-                stream,
-                format=_CACHE_FORMAT,
-                energy=result.energy,
-                dimension=result.dimension,
-                seconds=result.seconds,
-                vector=result.vector,
-                description=_description(hamiltonian),
-            )
-        os.replace(name, path)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
+    """Writes the entry whole or not at all (`files.write_atomic`): a crash never leaves
+    half an entry, and a name planted in the cache folder (a link to elsewhere) is never
+    written through."""
+    entry = io.BytesIO()
+    np.savez(
+        entry,
+        format=_CACHE_FORMAT,
+        energy=result.energy,
+        dimension=result.dimension,
+        seconds=result.seconds,
+        vector=result.vector,
+        description=_description(hamiltonian),
+    )
+    files.write_atomic(path, entry.getvalue(), mode=0o600)  # a cache of one's own
 
 
 def expectation(matrix, vector: np.ndarray) -> float:

@@ -5,11 +5,12 @@ solve (or Adam) → ``θ ← θ − η g``. The loop owns what changes between s
 budget, annealing, late samples); loggers, checkpoints, signals and progress bars live
 outside, as callbacks of `VMC.run` (`vitqs.vmc.callbacks`, `vitqs.run`).
 
-NaN guard: a step whose samples' log ψ or energy is not finite undoes the previous update
-(the parameters return to where the energy was last finite); one whose update, or the
-parameters it would give, is not finite (a singular or NaN S solves to NaN) is not applied;
-the step is then retried with the diagonal shift ×10 per failure (Adam: the learning rate
-÷10). After ``max_retries`` consecutive failures the run stops with `NonFiniteEnergyError`.
+NaN guard: a step whose samples' log ψ (on any rank) or energy is not finite undoes the
+previous update (the parameters return to where the energy was last finite); one whose
+update, its length, or the parameters it would give, is not finite (a singular or NaN S
+solves to NaN; lr 1e300 overflows) is not applied; the step is then retried with the
+diagonal shift ×10 per failure (Adam: the learning rate ÷10). After ``max_retries``
+consecutive failures the run stops with `NonFiniteEnergyError`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from vitqs.config import OptimizerConfig, SamplerConfig
-from vitqs.distributed import agree_max, broadcast_from_root, reduce_sum
+from vitqs.distributed import agree_all, agree_max, broadcast_from_root, reduce_sum
 from vitqs.models.precision import NetworkCopy, torch_dtype
 from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
 from vitqs.vmc.optimizers import Adam, Schedule
@@ -237,7 +238,8 @@ class VMC:
         start = time.perf_counter()
         samples = self.sampler.sample(self.model)
         timings["sampling"] = _lap(start)
-        if not _usable(samples):
+        # every rank takes the same branch: one rank's retry alone would shift its collectives
+        if not agree_all(_usable(samples)):
             self._undo_last_update()
             return None
         start = time.perf_counter()
@@ -256,7 +258,9 @@ class VMC:
                 self.adam.load_state_dict(adam_before)
             return None  # nothing applied
         step, capped = self._within_trust_bound(lr * update)
-        if not bool(torch.isfinite(theta - step).all()):  # a finite step that overflows θ
+        # a finite step whose length overflows (lr 1e300), or one that overflows θ
+        overflows = not math.isfinite(self._recent_norms[-1])
+        if overflows or not bool(torch.isfinite(theta - step).all()):
             self._recent_norms.pop()
             if adam_before is not None:
                 self.adam.load_state_dict(adam_before)
