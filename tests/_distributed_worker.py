@@ -7,6 +7,9 @@ against the same functions on the whole data set in one process.
 ``run CONFIG OUT``: ``run_config`` of a config file; every rank saves its parameters and its
 chains to ``OUT/rank<r>.pt``, and once its process group is gone, how many gloo threads it
 still runs to ``OUT/gloo_threads<r>.txt``.
+
+``nan CONFIG OUT``: the same, but rank 1's chains draw one sample whose log ψ is NaN at its
+third call: the NaN guard's retry must be every rank's, or the ranks' collectives part.
 """
 
 from __future__ import annotations
@@ -162,6 +165,22 @@ def _run(config_path: str, out_dir: Path) -> None:
 _LAST_RUN: dict = {}
 
 
+def _poison_rank_1(at_call: int = 3) -> None:
+    """Makes rank 1's Metropolis chains return one NaN log ψ at their ``at_call``-th call."""
+    from vitqs.vmc.sampler import MetropolisSampler
+
+    sample, calls = MetropolisSampler.sample, [0]
+
+    def poisoned(self, model, n_discard=None):
+        samples = sample(self, model, n_discard)
+        calls[0] += 1
+        if rank() == 1 and calls[0] == at_call:
+            samples.log_psi[0, 0] = float("nan")
+        return samples
+
+    MetropolisSampler.sample = poisoned
+
+
 def _remember_build():
     """Keeps the model and sampler that ``run_config`` builds, to save them afterwards."""
     import vitqs.run as run_module
@@ -191,6 +210,8 @@ def main(argv: list[str]) -> None:
             _reductions(Path(args[0]))
         else:
             _remember_build()
+            if mode == "nan":
+                _poison_rank_1()
             _run(args[0], Path(args[1]))
     if mode == "run":  # what the group left behind once its block ended
         (Path(args[1]) / f"gloo_threads{rank_}.txt").write_text(str(_gloo_threads()))

@@ -123,6 +123,10 @@ BAD_CONFIGS = {
         "sign_rule",
     ),
     "schedule": (lambda d: d["optimizer"].update(lr_schedule="cosine"), "optimizer.lr_final"),
+    # values that once ended in a traceback (torch's C int, timedelta's range, int("²"))
+    "threads": (lambda d: d.update(threads=2**53), "threads"),
+    "timeout": (lambda d: d.update(distributed={"timeout": 1e300}), "distributed.timeout"),
+    "device": (lambda d: d.update(device="cuda:\u00b2"), "device"),
 }
 # errors found only while building the model or sampler, which `vitqs ed` does not do
 BAD_FOR_RUN = {
@@ -132,6 +136,9 @@ BAD_FOR_RUN = {
     "chains": (lambda d: d["sampler"].update(n_chains=5), "sampler.n_chains"),
     "rule": (lambda d: d["sampler"].update(rule="hop"), "sampler.rule"),
     "max_dim": (lambda d: d.update(exact={"enabled": True, "max_dim": 10}), "exact.max_dim"),
+    # refused before allocation: it once allocated until the machine ran out of memory
+    "layers": (lambda d: d["model"].update(layers=10**9), "model.layers"),
+    "d_model": (lambda d: d["model"].update(d_model=10**8, heads=2), "model.d_model"),
 }
 
 
@@ -152,6 +159,20 @@ def test_bad_run_config_leaves_no_results_file(case, tmp_path, capsys):
     code, _, err = run_main(capsys, "run", _mutated(tmp_path, mutate), "--quiet")
     assert_one_line_error(code, err, key)
     assert run_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", ["[" * 40 + "]" * 40, "{a: " * 5000 + "1" + "}" * 5000])
+@pytest.mark.parametrize("command", ["ed", "run"])
+def test_a_deeply_nested_value_is_one_line_and_short(command, value, tmp_path, capsys):
+    # 5,000 levels overflowed PyYAML's recursive composer: a RecursionError traceback
+    config = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    code, _, err = run_main(capsys, command, config, "--set", f"model.d_model={value}")
+    assert_one_line_error(code, err, "--set", "nests deeper than 32")
+    assert len(err) < 300
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("".join(f"{'  ' * i}k{i}:\n" for i in range(40)) + "  " * 40 + "v: 1\n")
+    code, _, err = run_main(capsys, command, nested)
+    assert_one_line_error(code, err, "nested.yaml", "nests deeper than 32")
 
 
 def test_ed_refuses_a_sector_over_max_dim(tmp_path, capsys):

@@ -299,10 +299,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def ranks_by_hand(*per_rank_argv) -> list[subprocess.Popen]:
+def ranks_by_hand(*per_rank_argv, cwds=None) -> list[subprocess.Popen]:
     """Starts one ``python -m vitqs`` per argument list as the ranks of one job, without
     torchrun (which would stop the others itself when one fails): what the ranks do on
-    their own, with the rendezvous variables torchrun would set."""
+    their own, with the rendezvous variables torchrun would set; ``cwds``: each rank's
+    working folder (as each node sees its own disk)."""
     port = str(_free_port())
     processes = []
     for rank, argv in enumerate(per_rank_argv):
@@ -323,6 +324,7 @@ def ranks_by_hand(*per_rank_argv) -> list[subprocess.Popen]:
                 stderr=subprocess.PIPE,
                 text=True,
                 env=env,
+                cwd=None if cwds is None else cwds[rank],
             )
         )
     return processes
@@ -337,6 +339,56 @@ def test_ranks_that_read_different_configs_refuse_at_the_start(tmp_path):
         _, err = process.communicate(timeout=120)
         assert_one_line_error(process.returncode, err, "optimizer.lr", "rank 1")
     assert not (tmp_path / "out").exists()
+
+
+def test_ranks_run_with_other_options_refuse_at_the_start(tmp_path):
+    config = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    processes = ranks_by_hand(("run", config, "--quiet"), ("run", config, "--quiet", "--no-cache"))
+    for process in processes:
+        _, err = process.communicate(timeout=120)
+        assert_one_line_error(process.returncode, err, "options.no_cache", "rank 1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_ranks_that_read_other_bytes_from_init_from_refuse_at_the_start(tmp_path, capsys):
+    # one relative model.init_from, two nodes' disks (each rank's own working folder)
+    prior = write_config(tmp_path / "prior.yaml", tiny_heisenberg(tmp_path / "prior"))
+    assert run_main(capsys, "run", prior, "--quiet")[0] == 0
+    finished = tmp_path / "prior" / "tiny.h5"
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+        (node / "prior.h5").write_bytes(finished.read_bytes())
+    record = results.read_results(nodes[1] / "prior.h5")
+    results.write_results(nodes[1] / "prior.h5", record)  # another 'updated': other bytes
+    data = tiny_heisenberg(tmp_path / "out", model={"init_from": "prior.h5"}, name="next")
+    config = write_config(tmp_path / "next.yaml", data)
+    processes = ranks_by_hand(("run", config, "--quiet"), ("run", config, "--quiet"), cwds=nodes)
+    for process in processes:
+        _, err = process.communicate(timeout=120)
+        assert_one_line_error(process.returncode, err, "model.init_from", "rank 1", "prior.h5")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_nan_on_one_rank_is_retried_by_every_rank(tmp_path):
+    # rank 1 alone drew a NaN: before, it alone undid the last update and drew again while
+    # rank 0 went on, their collectives parted and the job hung until distributed.timeout
+    data = tiny_heisenberg(
+        tmp_path / "results",
+        optimizer={"n_iter": 6},
+        sampler={"n_samples": 64, "n_chains": 16, "n_discard": 2},
+        distributed={"timeout": 30},
+    )
+    config = write_config(tmp_path / "tiny.yaml", data)
+    done = torchrun(WORKER, "nan", config, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(N_RANKS)]
+    assert torch.equal(ranks[0]["parameters"], ranks[1]["parameters"])
+    record = results.read_results(tmp_path / "results" / "tiny.h5")
+    shifts = [row["diag_shift"] for row in record.history]
+    # the third draw, step 2, was retried with the diagonal shift x10, on both ranks
+    assert shifts[2] == pytest.approx(10 * shifts[0]) and shifts[3] == shifts[0]
+    assert record.status == "finished" and len(record.history) == 6
 
 
 @pytest.mark.slow

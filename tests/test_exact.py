@@ -82,6 +82,7 @@ def _rewrite_entry(entry, **changes):
     "damage",
     [
         "energy",  # a wrong energy beside the right vector: served once as "(from cache)"
+        "excited",  # an excited eigenvector with its own energy: it passed the first check
         "vector",  # another eigenvector's components
         "description",  # the entry of another Hamiltonian under this key
         "dimension",
@@ -96,6 +97,10 @@ def test_a_cache_entry_that_does_not_check_out_is_solved_again_and_replaced(dama
     (entry,) = tmp_path.glob("*.npz")
     if damage == "energy":
         _rewrite_entry(entry, energy=truth.energy + 1e-4)
+    elif damage == "excited":
+        values, vectors = np.linalg.eigh(ham.to_sparse().toarray())
+        assert exact.is_eigenvector(ham, vectors[:, 1], values[1])
+        _rewrite_entry(entry, energy=values[1], vector=vectors[:, 1])
     elif damage == "vector":
         rng = np.random.default_rng(0)
         _rewrite_entry(entry, vector=rng.normal(size=truth.dimension))
@@ -125,6 +130,22 @@ def test_the_eigenvector_check_accepts_lanczos_and_refuses_a_changed_digit():
         result = exact.ground_state(ham, return_vector=True, use_cache=False)
         assert exact.is_eigenvector(ham, result.vector, result.energy)
         assert not exact.is_eigenvector(ham, result.vector, result.energy * (1 + 1e-7))
+
+
+def test_the_lowest_level_check_accepts_the_ground_state_and_refuses_the_next_levels():
+    import scipy.sparse.linalg as sla
+
+    for ham in (
+        Heisenberg(Lattice((4, 4)), J2=0.5),  # the first excited level 3.5 % above
+        BoseHubbard(Lattice((9,)), U=10.0, n_particles=9),
+    ):
+        matrix = ham.to_sparse()
+        values = np.sort(sla.eigsh(matrix, k=6, which="SA", tol=1e-12)[0])
+        assert exact.is_lowest(matrix, values[0])
+        above = values[values > values[0] + 1e-6]
+        assert not any(exact.is_lowest(matrix, value) for value in above)
+        # a Ritz value never falls below the lowest eigenvalue
+        assert exact.lowest_ritz_value(matrix, 60) >= values[0] - 1e-10
 
 
 def test_use_cache_false_neither_reads_nor_writes(tmp_path):

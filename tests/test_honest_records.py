@@ -141,3 +141,44 @@ def test_the_full_sum_sees_the_variance_of_a_state_too_peaked_for_psi_squared():
     energy, variance = full_sum_energy(hamiltonian, Mott())
     assert energy == pytest.approx(0.0, abs=1e-12)
     assert variance == pytest.approx(16.0, rel=1e-12)
+
+
+def _finished_tiny(tmp_path, capsys):
+    config = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", config, "--quiet")[0] == 0
+    return config, tmp_path / "out" / "tiny.h5"
+
+
+def test_a_chain_generator_state_that_does_not_load_is_an_error_not_the_seed(tmp_path, capsys):
+    config, h5 = _finished_tiny(tmp_path, capsys)
+    record = results.read_results(h5)
+    state = record.checkpoint["sampler"]["generator"]
+    record.checkpoint["sampler"]["generator"] = torch.zeros_like(state)  # not an mt19937 state
+    results.write_results(h5, record)
+    code, _, err = run_main(capsys, "run", config, "--resume", "--set", "optimizer.n_iter=6")
+    assert_one_line_error(code, err, "tiny.h5", "generator state does not load")
+
+
+def test_a_generator_of_another_device_goes_on_from_the_seed_and_says_so(tmp_path, capsys):
+    config, h5 = _finished_tiny(tmp_path, capsys)
+    record = results.read_results(h5)
+    # a CUDA generator's state is 16 bytes (Philox seed and offset): a GPU run resumed here
+    record.checkpoint["sampler"]["generator"] = torch.arange(16, dtype=torch.uint8)
+    results.write_results(h5, record)
+    with pytest.warns(RuntimeWarning, match="another kind of device.*not the one it continues"):
+        code, _, err = run_main(
+            capsys, "run", config, "--resume", "--quiet", "--set", "optimizer.n_iter=6"
+        )
+    assert code == 0, err
+    assert results.read_results(h5).status == "finished"
+
+
+def test_report_escapes_control_characters_of_names_read_from_files(tmp_path, capsys):
+    _, h5 = _finished_tiny(tmp_path, capsys)
+    record = results.read_results(h5)
+    record.name = "\x1b[2J\x1b[31mred\x07"  # clear the screen, turn red, ring
+    results.write_results(h5, record)
+    code, out, err = run_main(capsys, "report", h5)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert "| \\x1b[2J\\x1b[31mred\\x07 | finished |" in out

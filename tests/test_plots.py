@@ -122,3 +122,22 @@ def test_markdown_table_keeps_the_digits_of_energies_and_parameters():
     }
     line = markdown_table([row], list(row)).splitlines()[2]
     assert line == "| 3.3 | -1.05337657 | 4.27e-05 | 1.78e-05 | 0.7583 | 325.3 |"
+
+
+def test_figures_are_never_written_through_a_planted_link(tmp_path, capsys):
+    from helpers import run_main
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    write_results(tmp_path / "runs" / "a.h5", make_record(10))
+    (tmp_path / "runs" / "a").mkdir()
+    (tmp_path / "runs" / "a" / "energy.png").symlink_to(victim)
+    (tmp_path / "runs" / "b").symlink_to(tmp_path / "elsewhere")  # a folder of figures
+    second = make_record(10)
+    second.name = "b"
+    write_results(tmp_path / "runs" / "b.h5", second)
+    code, out, err = run_main(capsys, "report", tmp_path / "runs")
+    assert code == 0, err
+    assert victim.read_text() == "precious" and not (tmp_path / "elsewhere").exists()
+    assert "- chain8: figures not written ('" in out and "symbolic link" in out
+    assert "- b: figures not written" in out

@@ -468,3 +468,148 @@ def test_a_huge_dataset_is_refused_before_it_is_read(tmp_path):
     assert path.stat().st_size < 1_000_000
     with pytest.raises(ResultsError, match="bytes, above"):
         read_results(path)
+
+
+def _foreign_files(tmp_path):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.full(64, 4242.5).tobytes())
+    with h5py.File(tmp_path / "secret.h5", "w") as f:
+        f["x"] = np.full(64, 4242.5)
+    return secret, tmp_path / "secret.h5"
+
+
+def _external(f, where, secret, n=5):
+    del f[where]
+    parent, name = where.rsplit("/", 1)
+    dataset = f[parent].create_dataset(name, (n,), "f8", external=[(str(secret), 0, 8 * n)])
+    return dataset
+
+
+def _virtual(f, where, secret_h5, n=5):
+    layout = h5py.VirtualLayout(shape=(n,), dtype="f8")
+    layout[:] = h5py.VirtualSource(str(secret_h5), "x", shape=(64,))[:n]
+    del f[where]
+    parent, name = where.rsplit("/", 1)
+    return f[parent].create_virtual_dataset(name, layout)
+
+
+@pytest.mark.parametrize("where", ["history/energy", "final/observables/structure_factor"])
+@pytest.mark.parametrize("kind", ["external", "virtual", "unstored", "compressed"])
+def test_a_dataset_whose_values_are_not_stored_in_the_file_is_refused(kind, where, tmp_path):
+    # external storage and virtual datasets read other files as if they were this one's
+    # data (a --resume then wrote those bytes into an ordinary results file); unwritten
+    # chunks and filters declare values the file does not hold (a 13 kB file once declared
+    # 200,000 history rows and cost a report 555 MB)
+    secret, secret_h5 = _foreign_files(tmp_path)
+
+    def plant(f):
+        if kind == "external":
+            _external(f, where, secret)
+        elif kind == "virtual":
+            _virtual(f, where, secret_h5)
+        else:
+            del f[where]
+            parent, name = where.rsplit("/", 1)
+            create = {"shape": (5,), "chunks": (5,), "dtype": "f8"}
+            if kind == "unstored":
+                create["shape"] = (200_000,)
+            else:
+                create["data"] = np.zeros(5)
+                create["compression"] = "gzip"
+            f[parent].create_dataset(name, **create)
+
+    path = _edit(write_results(tmp_path / "run.h5", make_record(5)), plant)
+    reason = {
+        "external": "external files",
+        "virtual": "virtual dataset",
+        "unstored": "declares 1,600,000 bytes of values but stores 0",
+        "compressed": "compressed or filtered",
+    }[kind]
+    with pytest.raises(ResultsError, match=reason) as error:
+        read_results(path)
+    assert str(path) in str(error.value) and "4242.5" not in str(error.value)
+
+
+def test_a_checkpoint_tensor_stored_elsewhere_is_refused(tmp_path):
+    secret, secret_h5 = _foreign_files(tmp_path)
+    record = make_record()
+    record.set_checkpoint(checkpoint_dict(5))
+    for craft, reason in ((_external, "external files"), (_virtual, "virtual dataset")):
+
+        def plant(f, craft=craft):
+            craft(f, "checkpoint/state/model/bias", secret if craft is _external else secret_h5)
+            f["checkpoint/state/model/bias"].attrs["kind"] = "tensor"
+
+        path = _edit(write_results(tmp_path / "run.h5", record), plant)
+        with pytest.raises(ResultsError, match=reason):
+            read_results(path)
+
+
+def test_a_long_history_costs_its_numbers_not_a_dict_per_row(tmp_path):
+    import tracemalloc
+
+    record = make_record(0, finished=False)
+    n_rows = 50_000
+    record.history = results.History(
+        columns={
+            name: np.arange(n_rows, dtype=np.int64 if name == "step" else np.float64)
+            for name in HISTORY_FIELDS
+        }
+    )
+    path = write_results(tmp_path / "long.h5", record)
+    tracemalloc.start()
+    back = read_results(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    stored = n_rows * len(HISTORY_FIELDS) * 8  # 7.2 MB; as dicts it was ~20x that
+    assert len(back.history) == n_rows and back.history[-1]["energy"] == n_rows - 1
+    assert peak < 2 * stored
+
+
+def test_a_link_planted_at_the_target_is_refused_and_its_file_untouched(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    for name in ("run.h5", "notes.md"):
+        (tmp_path / name).symlink_to(victim)
+    with pytest.raises(OSError, match="symbolic link"):
+        write_results(tmp_path / "run.h5", make_record(2, finished=False))
+    with pytest.raises(OSError, match="symbolic link"):
+        results.write_text_atomic(tmp_path / "notes.md", "table")
+    assert victim.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md", "run.h5", "victim.txt"]
+
+
+def test_a_write_goes_through_its_descriptor_and_syncs_the_folder(tmp_path, monkeypatch):
+    # never by name after mkstemp: a link swapped in under the temporary name would get
+    # the chmod, the bytes or the fsync; and the folder is synced after the rename
+    import builtins
+    import os
+    import stat
+
+    real_open, real_fsync = builtins.open, os.fsync
+    synced = []
+
+    def no_reopen(file, *args, **kwargs):
+        assert ".tmp" not in str(file), f"{file} reopened by name"
+        return real_open(file, *args, **kwargs)
+
+    def recording_fsync(descriptor):
+        synced.append(stat.S_ISDIR(os.fstat(descriptor).st_mode))
+        return real_fsync(descriptor)
+
+    monkeypatch.setattr(builtins, "open", no_reopen)
+    monkeypatch.setattr(os, "chmod", lambda *a, **k: pytest.fail("chmod by name"))
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    path = write_results(tmp_path / "run.h5", make_record(3, finished=False))
+    assert synced == [False, True]  # the file, then its folder after the rename
+    monkeypatch.undo()
+    assert len(read_results(path).history) == 3
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~_current_umask()
+
+
+def _current_umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -1,10 +1,13 @@
 """``vitqs run``: the results file layout, refusing to overwrite, resuming after SIGKILL and
 SIGINT to the same energies, and clear errors on truncated or foreign files."""
 
+import contextlib
 import json
 import os
 import shlex
 import signal
+import subprocess
+import sys
 import time
 
 import h5py
@@ -19,6 +22,7 @@ from helpers import (
     model_vector,
     random_spins,
     rayleigh_quotient,
+    run_files,
     run_main,
     tiny_bose_hubbard,
     tiny_heisenberg,
@@ -117,6 +121,28 @@ def _wait_for_checkpoint(process, h5, timeout=120.0) -> int:
     raise AssertionError("no checkpoint appeared")
 
 
+@contextlib.contextmanager
+def _lock_held(h5):
+    """Holds the results file's lock in another process, as a live run does."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(h5.with_name(f".{h5.name}.lock")),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def _history(h5) -> dict:
     with h5py.File(h5, "r") as f:
         return {name: f["history"][name][()] for name in ("step", "energy")}
@@ -142,8 +168,20 @@ def test_resume_after_sigkill_gives_the_same_run(tmp_path, capsys):
         pytest.skip("the run finished before it could be killed")
     assert len(_history(h5)["step"]) >= step
 
+    # the file says running, but no process holds it: the report says so, and how to go on
+    assert results.read_results(h5).status == "running"
+    code, out, err = run_main(capsys, "report", h5.parent)
+    assert code == 0, err
+    assert "| tiny | stopped |" in out and "--resume" in out
+    with _lock_held(h5):  # a live writer: running it is
+        assert "| tiny | running |" in run_main(capsys, "report", h5.parent)[1]
+    stale = h5.with_name(".tiny.h5.x1y2z3.tmp")  # what a kill mid-write leaves
+    stale.write_bytes(b"\x89HDF half a file")
+
     code, out, err = run_main(capsys, "run", path, "--resume", "--quiet", "--json")
     assert code == 0, err
+    assert run_files(h5.parent) == ["tiny.h5"]  # the stale temporary file is gone
+    assert not h5.with_name(".tiny.h5.lock").exists()
     history = _history(h5)
     np.testing.assert_array_equal(history["step"], np.arange(N_ITER))  # each step exactly once
     np.testing.assert_array_equal(history["energy"], _history(expected["results_file"])["energy"])
@@ -679,6 +717,22 @@ def test_init_from_another_lattice_refuses_what_does_not_carry_over(tmp_path, ca
         assert_one_line_error(code, err, *names)
 
 
+def test_init_from_a_file_whose_config_names_another_lattice_is_one_line(tmp_path, capsys):
+    # the stored config says 12 sites, the parameters are of 6: the transfer to 8 sites once
+    # ended in an IndexError traceback
+    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", path, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    record = results.read_results(h5)
+    stored = yaml.safe_load(record.config_yaml)
+    stored["lattice"]["shape"] = [12]
+    record.config_yaml = yaml.safe_dump(stored)
+    results.write_results(h5, record)
+    sets = ["lattice.shape=[8]", f"model.init_from={h5}", "name=b"]
+    code, _, err = run_main(capsys, "run", path, *[a for s in sets for a in ("--set", s)])
+    assert_one_line_error(code, err, "model.init_from", "lattice.shape=[12]", "not a run of ours")
+
+
 def test_init_from_refuses_a_missing_file_and_parameters_that_do_not_fit(tmp_path, capsys):
     path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
     assert run_main(capsys, "run", path, "--quiet")[0] == 0
@@ -801,3 +855,19 @@ def test_a_key_added_after_a_file_was_written_counts_as_its_default():
     assert changed_keys(older, current) == []
     current["sampler"]["bare_chains"] = True
     assert changed_keys(older, current) == ["sampler.bare_chains"]
+
+
+@pytest.mark.parametrize("flags", [(), ("--overwrite",), ("--resume",)])
+def test_a_results_file_planted_as_a_link_is_refused_before_the_run(flags, tmp_path, capsys):
+    victim = tmp_path / "victim.h5"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tiny.h5").symlink_to(victim)
+    (out / "dangling.h5").symlink_to(tmp_path / "nowhere")
+    config = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(out))
+    for name in ("tiny", "dangling"):
+        code, _, err = run_main(capsys, "run", config, "--quiet", "--set", f"name={name}", *flags)
+        assert_one_line_error(code, err, f"{name}.h5", "symbolic link")
+    assert victim.read_text() == "precious" and not (tmp_path / "nowhere").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["dangling.h5", "tiny.h5"]

@@ -252,3 +252,51 @@ def test_sweep_and_point_names_stay_inside_the_output_folder(spec, key, tmp_path
     code, _, err = run_main(capsys, "sweep", path, "--quiet")
     assert_one_line_error(code, err, key)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base.yaml", "sweep.yaml"]
+
+
+def test_an_interrupted_replacement_of_a_point_resumes_from_its_checkpoint(
+    tmp_path, capsys, monkeypatch
+):
+    # a point left unfinished before its first checkpoint is run again beside its file, in
+    # .<point>.h5.pending; interrupted, that pending file holds the checkpoint "Resume with:
+    # vitqs sweep" promised, which a re-run of the sweep once deleted to start from scratch
+    path = _write_sweep(tmp_path, sweep={"hamiltonian.U": [2.0]})
+    assert run_main(capsys, "sweep", path, "--quiet")[0] == 0
+    point = tmp_path / "out" / "u_scan" / "U=2.0.h5"
+    finished = results.read_results(point)
+    interrupted = results.read_results(point)
+    interrupted.status, interrupted.final, interrupted.observables = "interrupted", None, {}
+    results.write_results(point.with_name(".U=2.0.h5.pending"), interrupted)
+    unstarted = results.read_results(point)
+    unstarted.status, unstarted.final, unstarted.observables = "running", None, {}
+    unstarted.history, unstarted.checkpoint, unstarted.checkpoint_step = [], None, None
+    results.write_results(point, unstarted)
+
+    calls = []
+
+    def recording_run_config(config, **kwargs):
+        calls.append({k: kwargs.get(k) for k in ("resume", "overwrite")})
+        return run_config(config, **kwargs)
+
+    monkeypatch.setattr(sweep, "run_config", recording_run_config)
+    code, _, err = run_main(capsys, "sweep", path, "--quiet")
+    assert code == 0, err
+    assert calls == [{"resume": True, "overwrite": None}]
+    resumed = results.read_results(point)
+    assert resumed.status == "finished" and resumed.history == finished.history
+    assert run_files(point.parent) == ["U=2.0.h5"]  # the replacement landed
+
+
+@pytest.mark.parametrize("first, then", [(False, True), (True, False)])
+def test_a_change_of_warm_start_refuses_the_points_computed_the_other_way(
+    first, then, tmp_path, capsys
+):
+    path = _write_sweep(tmp_path, warm_start=first)
+    assert run_main(capsys, "sweep", path, "--quiet")[0] == 0
+    second = tmp_path / "out" / "u_scan" / "U=6.0.h5"
+    assert results.read_results(second).initial_state == ("previous point" if first else "seed")
+    before = second.read_bytes()
+    path = _write_sweep(tmp_path, warm_start=then)
+    code, _, err = run_main(capsys, "sweep", path, "--quiet")
+    assert_one_line_error(code, err, "U=6.0.h5", "warm_start")
+    assert second.read_bytes() == before  # nothing written is lost

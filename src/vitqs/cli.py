@@ -123,7 +123,8 @@ def _cmd_run(args) -> int:
     config = load(args.config, args.overrides)
     device = resolve_device(config.device)
     with distributed.process_group(device, config.distributed.timeout):
-        distributed.agree_on_config(config.to_dict())
+        flags = {"resume": args.resume, "overwrite": args.overwrite, "no_cache": args.no_cache}
+        distributed.agree_on_config({**config.to_dict(), "options": flags})
         summary = run_config(
             config,
             resume=args.resume,
@@ -189,6 +190,7 @@ def _cmd_sweep(args) -> int:
                 **spec,
                 "base_path": str(spec["base_path"]),
                 "points": [config.to_dict() for _, config in configs],
+                "options": {"no_cache": args.no_cache},
             }
         )
         outcome = run_sweep(args.sweep, progress=not args.quiet, use_cache=not args.no_cache)

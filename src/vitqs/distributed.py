@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
 
 import torch
@@ -214,9 +215,39 @@ def agree_on_config(data: dict) -> None:
     keys = sorted(_differing_keys(every[0], every[differ[0]]))
     shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
     raise ConfigError(
-        f"under torchrun every rank must read the same config, but rank {differ[0]}'s differs "
-        f"from rank 0's ({shown or 'the files differ'}); give every rank the same files"
+        f"under torchrun every rank must run the same command on the same config, but rank "
+        f"{differ[0]}'s differs from rank 0's ({shown or 'the files differ'}); give every "
+        "rank the same files and options"
     )
+
+
+def agree_on_file(path, what: str) -> None:
+    """Raises ConfigError on every rank unless every rank reads the same bytes at ``path``
+    (the file ``--resume`` continues, ``model.init_from``'s run): ranks on nodes whose disks
+    hold different copies would start from different states, and their parameters split."""
+    if world_size() == 1:
+        return
+    every = [None] * world_size()
+    dist.all_gather_object(every, _digest(path))
+    differ = [r for r, other in enumerate(every) if other != every[0]]
+    if differ:
+        raise ConfigError(
+            f"under torchrun every rank must read the same {what} file, but rank {differ[0]} "
+            f"reads other bytes at '{path}' than rank 0 ({every[differ[0]]} against "
+            f"{every[0]}); give every rank the same files"
+        )
+
+
+def _digest(path) -> str:
+    """Returns ``sha256:<first 16 hex digits>`` of the file at ``path``, or why there is none."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as err:
+        return f"unreadable: {err.strerror or type(err).__name__}"
+    return f"sha256:{digest.hexdigest()[:16]}"
 
 
 def _differing_keys(first, second, prefix: str = "") -> list[str]:

@@ -15,10 +15,13 @@ Layout (format_version 2)::
 
     /                     attrs: format="vitqs-results", format_version, name, status,
                                  created, updated, seed, config_yaml, versions_json,
-                                 conventions, n_sites, n_params
+                                 conventions, n_sites, n_params, e_inf; failure (a failed
+                                 run's reason), initial_state (seed | previous point |
+                                 init_from; both absent in older files)
     /history/<field>      1-D, one entry per iteration, resizable; fields = HISTORY_FIELDS
     /exact                attrs EXACT_FIELDS                       (only with an exact reference)
-    /final                attrs FINAL_FIELDS                       (only once the run finished)
+    /final                attrs FINAL_FIELDS                       (only once the run finished;
+                          acceptance: the final chains'; note: only where the numbers need one)
     /final/observables/<name>   one dataset per observable, real or complex, plus <name>_error
     /checkpoint           attr step: the state after that many history rows
     /checkpoint/state     the checkpoint dict as an `h5tree` (model parameters, optimizer
@@ -708,7 +711,9 @@ def _read_history(group: h5py.Group, path: Path) -> History:
     for name in HISTORY_FIELDS:
         dtype = np.int64 if name in _INT_HISTORY_FIELDS else np.float64
         column = columns.get(name)
-        typed[name] = np.full(n_rows, math.nan) if column is None else column.astype(dtype)
+        typed[name] = (
+            np.full(n_rows, math.nan) if column is None else column.astype(dtype, copy=False)
+        )
     return History(columns=typed)
 
 

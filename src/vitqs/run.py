@@ -155,6 +155,7 @@ def _prepare(config, *, resume, overwrite, initial_parameters, claim, use_cache)
                     f"({first_line(err)})"
                 ) from None
         elif config.model.init_from is not None:
+            distributed.agree_on_file(config.model.init_from, "model.init_from")
             checkpoint.start_from_results(config, model, sampler)
     # the lock comes before any look at the file and before ED: no second run can start on
     # this name between our look and our first write
@@ -163,13 +164,23 @@ def _prepare(config, *, resume, overwrite, initial_parameters, claim, use_cache)
         lambda: workfile.working_path(target, resume=resume, overwrite=overwrite)
     )
     if resume:
+        distributed.agree_on_file(path, "--resume")
         run = _restore(config, path, vmc, use_cache)
     else:
         record = _new_record(config, hamiltonian, model, use_cache)
+        record.initial_state = initial_state(config, initial_parameters)
         run = Run(config, vmc, record, path)
         _write(run, first=True)  # claims the name; replaced atomically from now on
     run.target, run.use_cache = target, use_cache
     return run
+
+
+def initial_state(config: Config, initial_parameters: dict | None) -> str:
+    """Returns where a new run's parameters start, as its record keeps it: ``previous
+    point`` (a sweep's warm start), ``init_from`` (``model.init_from``) or ``seed``."""
+    if initial_parameters is not None:
+        return "previous point"
+    return "init_from" if config.model.init_from is not None else "seed"
 
 
 def _check_exact_fits(config: Config, hamiltonian) -> None:
@@ -576,8 +587,15 @@ def _finish(run: Run, signals: _Signals, start: float) -> dict:
 def _land(run: Run) -> None:
     """Moves a finished replacement (``--overwrite``) over the run it replaces."""
     if distributed.is_root() and run.path != run.target:
-        files.refuse_link(run.target)  # replaced by name: a link there would be replaced too
-        files.replace_durably(run.path, run.target)
+        try:
+            files.refuse_link(run.target)  # a link planted there is not replaced silently
+            files.replace_durably(run.path, run.target)
+        except OSError as err:
+            raise RunStopped(
+                f"the run finished in '{run.path}', but it cannot replace '{run.target}' "
+                f"({_os_reason(err)}); move it there by hand",
+                resumable=False,
+            ) from None
         run.path = run.target
 
 

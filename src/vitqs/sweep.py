@@ -32,7 +32,8 @@ from vitqs.distributed import is_root
 from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
 from vitqs.plots import plot_sweep
 from vitqs.report import markdown_table
-from vitqs.run import run_config
+from vitqs.run import initial_state, run_config
+from vitqs.workfile import pending_path
 from vitqs.yamlfile import read_yaml, set_dotted
 
 _SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
@@ -147,7 +148,8 @@ def run_sweep(path: str | Path, *, progress: bool = True, use_cache: bool = True
 
 def _run_point(config, warm_parameters, progress, use_cache):
     path = results.results_path(config.output.dir, config.name)
-    action = distributed.on_root(lambda: _point_action(path, config))
+    start = initial_state(config, warm_parameters)
+    action = distributed.on_root(lambda: _point_action(path, config, start))
     if action == "resume":
         run_config(config, resume=True, progress=progress, use_cache=use_cache)
     elif action == "run":
@@ -161,11 +163,35 @@ def _run_point(config, warm_parameters, progress, use_cache):
     return results.read_results(path)
 
 
-def _point_action(path, config) -> str:
+def _point_action(path, config, start: str) -> str:
     """Returns what to do with a point: ``reuse`` its finished file, ``resume`` it, or
-    ``run`` it; raises ConfigError where its file cannot be this config's result."""
+    ``run`` it; raises ConfigError where its file cannot be this config's result, or was
+    started otherwise than ``start`` (`run.initial_state`: a change of warm_start).
+
+    An interrupted replacement of the point (``.<name>.h5.pending``, a point run again
+    beside an unfinished file) is resumed: its checkpoint is what the message promised."""
+    pending = pending_path(path)
+    if pending.exists():
+        record = _point_record(pending, config, start)
+        return "resume" if record.checkpoint is not None else "run"
     if not path.exists():
         return "run"
+    record = _point_record(path, config, start)
+    if record.status != "finished":
+        return "resume" if record.checkpoint is not None else "run"
+    differ = config_changes(record, config, ignoring=keys_with("runtime"))
+    action = _settle_finished(record, config, differ)
+    if action is None:
+        raise ConfigError(
+            f"'{path}' is this point finished with other {', '.join(differ)}; put them back, "
+            "or delete the file to run the point again"
+        )
+    return action
+
+
+def _point_record(path, config, start: str):
+    """Returns the record of a point's file when it is this config's, started as ``start``;
+    ConfigError otherwise (and for a file that does not read: it is never overwritten)."""
     try:
         record = results.read_results(path)
     except results.ResultsError as err:  # never overwrite what cannot be read: it may be
@@ -179,16 +205,13 @@ def _point_action(path, config) -> str:
             f"'{path}' holds a run of another config ({', '.join(changed)}); "
             "give the sweep another name or output.dir, or delete the file to run it again"
         )
-    if record.status != "finished":
-        return "resume" if record.checkpoint is not None else "run"
-    differ = config_changes(record, config, ignoring=keys_with("runtime"))
-    action = _settle_finished(record, config, differ)
-    if action is None:
+    if record.initial_state and record.initial_state != start:
         raise ConfigError(
-            f"'{path}' is this point finished with other {', '.join(differ)}; put them back, "
-            "or delete the file to run the point again"
+            f"'{path}' started from its {record.initial_state}, and this sweep starts the "
+            f"point from its {start} (warm_start changed?); put warm_start back, or give the "
+            "sweep another name, or delete the file to run the point again"
         )
-    return action
+    return record
 
 
 def _settle_finished(record, config, differ: list[str]) -> str | None:

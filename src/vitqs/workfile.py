@@ -24,8 +24,16 @@ def pending_path(target: Path) -> Path:
 
 
 def working_path(target: Path, *, resume: bool, overwrite: bool) -> Path:
-    """Returns the file this run writes, or raises ConfigError (rank 0 decides)."""
+    """Returns the file this run writes, or raises ConfigError (rank 0 decides); a results
+    file or pending replacement that is a symbolic link is refused before anything runs."""
     pending = pending_path(target)
+    for path in (target, pending):
+        if path.is_symlink():
+            raise ConfigError(
+                f"'{path}' is a symbolic link; vitqs neither writes nor resumes through a "
+                "link in its output folder (remove it, or set output.dir to the folder it "
+                "points into)"
+            )
     if resume:
         if pending.exists():  # an --overwrite run that was interrupted
             return pending

@@ -43,9 +43,9 @@ whole sector belongs to one process.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -373,16 +373,34 @@ class MetropolisSampler(Sampler):
             self._chains = None
         if self._pending_state is not None:
             if self._pending_state["generator"] is not None:  # None: chains given, no RNG state
-                # a state of another device's generator (a CUDA run resumed on the CPU) does
-                # not fit this one: the chains go on from the seed, as on another rank count
-                with contextlib.suppress(RuntimeError):
-                    self._generator.set_state(self._pending_state["generator"])
+                self._restore_generator(self._pending_state["generator"], device)
             self._chains = self._pending_state["chains"]
             self._pending_state = None
         if self._chains is None:
             self._chains = self.hilbert.random_states(self.n_chains, self._generator)
         self._chains = self._chains.to(device=device, dtype=dtype)
         self._move_index = torch.as_tensor(self._moves, device=device)
+
+    def _restore_generator(self, state: torch.Tensor, device: torch.device) -> None:
+        """Sets the chains' generator to a checkpoint's ``state``. A state of another kind
+        of device's generator (a CUDA run resumed on the CPU) cannot be: the chains then go
+        on from the seed, and a warning says that the resume is not the run it continues
+        bit for bit; a state of this device's kind that does not load is an error."""
+        if len(state) == len(self._generator.get_state()):
+            try:
+                self._generator.set_state(state)
+            except RuntimeError as err:
+                raise ValueError(
+                    f"sampler state: the generator state does not load ({err})"
+                ) from None
+            return
+        warnings.warn(
+            f"the checkpoint's chain generator state ({len(state)} bytes) is of another kind "
+            f"of device than {device.type}'s: the chains go on from their positions with a "
+            "generator seeded anew, so the resumed run is not the one it continues bit for bit",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def start_chains(self, chains) -> None:
         """Starts the chains from these configurations ``(n, n_sites)`` (e.g. the chains of
@@ -461,6 +479,13 @@ class MetropolisSampler(Sampler):
             generator = None
         if generator is not None and (generator.dtype != torch.uint8 or generator.ndim != 1):
             raise ValueError("sampler state: the generator state is not a byte vector")
+        if generator is not None and len(generator) == len(torch.Generator().get_state()):
+            try:  # a CPU generator's state: checked now, while a bad one is still a clean error
+                torch.Generator().set_state(generator)
+            except RuntimeError as err:
+                raise ValueError(
+                    f"sampler state: the generator state does not load ({err})"
+                ) from None
         self._pending_state = {"chains": self._own(chains), "generator": generator}
         if self._generator is not None:
             self._initialise(self._generator.device, self._chains.dtype)
