@@ -159,6 +159,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
     import torch
 
     from vitqs.build import build_hamiltonian
+    from vitqs.checkpoint import stored_config
     from vitqs.config import from_dict
     from vitqs.physics.reference import EXACT_DIAGONALIZATION, reference_energy
     from vitqs.results import read_results, relative_error
@@ -167,7 +168,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
     record = read_results(results_file)
     if record.status != "finished":
         raise ConfigError(f"{results_file}: the run is {record.status}, not finished")
-    config = from_dict(yaml.safe_load(record.config_yaml), default_name=system)
+    config = from_dict(stored_config(record) or {}, default_name=system)  # capped parser
     summary = run_summary(record, results_file)
     with h5py.File(results_file, "r") as f:
         energy = f["history/energy"][:]
