@@ -63,6 +63,8 @@ def _limit_threads(n: int) -> list[int] | None:
 
 def netket_options(config) -> dict:
     """Returns ``make_driver`` keyword arguments matching a vitqs config."""
+    from vitqs.config import schedule_values  # after _limit_threads: vitqs loads torch
+
     model, sampler, opt = config.model, config.sampler, config.optimizer
     if model.kind != "vit" or model.attention != "factored" or not model.translation_invariant:
         raise ValueError(
@@ -81,8 +83,10 @@ def netket_options(config) -> dict:
         "n_chains": sampler.n_chains,
         "sweep_size": sampler.sweep_size,
         "n_discard_per_chain": sampler.n_discard,
-        "lr": opt.lr,
-        "diag_shift": opt.diag_shift,
+        # netket's peer takes constants: a schedule's start (the step's time does not depend
+        # on the values)
+        "lr": schedule_values(opt.lr)[0],
+        "diag_shift": schedule_values(opt.diag_shift)[0],
         "method": opt.method,
         "seed": config.seed,
     }

@@ -27,7 +27,7 @@ from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc import observables
 from vitqs.vmc.estimators import importance_statistics, importance_weights, statistics
 from vitqs.vmc.sampler import Samples
-from vitqs.vmc.sr import clip_local_energy, energy_gradient, natural_gradient, parameter_vector
+from vitqs.vmc.sr import energy_gradient, natural_gradient, parameter_vector
 
 N_CHAINS, N_PER_CHAIN, N_PARAMS = 8, 16, 40
 # the weighted rows split unevenly, as distinct configurations do between ranks
@@ -137,7 +137,6 @@ def estimates(part: dict) -> dict:
             method=method,
         )
     out["gradient"] = energy_gradient(part["jac"], part["e_rows"])
-    out["clipped"] = gather_rows(clip_local_energy(part["e_rows"], 1.0))
     out.update(_observables(part))
     return out
 

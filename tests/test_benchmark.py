@@ -65,19 +65,14 @@ def test_bench_speed_prints_the_phase_table(tmp_path, capsys):
     assert "cpu float64 (chains float32) threads" in out  # the default chains
 
 
-def test_bench_speed_names_the_precision_of_chains_local_energies_and_jacobian(tmp_path, capsys):
-    data = tiny_heisenberg(
-        tmp_path / "out",
-        sampler={"local_energy_dtype": "float32"},
-        optimizer={"jacobian_dtype": "float32"},
-    )
+def test_bench_speed_names_the_precision_of_chains_and_local_energies(tmp_path, capsys):
+    data = tiny_heisenberg(tmp_path / "out", sampler={"local_energy_dtype": "float32"})
     path = write_config(tmp_path / "tiny.yaml", data)
     code, out, err = run_main(capsys, "bench", "speed", path, "--n-iter", "1", "--json")
     assert code == 0, err
-    assert "cpu float64 (chains float32, E_loc float32, O float32) threads" in out
+    assert "cpu float64 (chains float32, E_loc float32) threads" in out
     result = last_json(out)
-    dtypes = ("chain_dtype", "local_energy_dtype", "jacobian_dtype")
-    assert tuple(result[key] for key in dtypes) == ("float32",) * 3
+    assert (result["chain_dtype"], result["local_energy_dtype"]) == ("float32", "float32")
 
 
 def test_bench_speed_refuses_zero_iterations(tmp_path, capsys):
@@ -114,21 +109,6 @@ def test_bench_forward_script_prints_a_row_per_dtype(tmp_path):
     assert rows[0] == "| network | dtype | B = 8 | B = 16 |"
     assert [row.split(" | ")[1] for row in rows[1:]] == ["float64", "float32"]
     assert all(row.count("µs") == 2 for row in rows[1:])
-
-
-def test_bench_jacobian_script_prints_the_routes_and_their_ratios(tmp_path):
-    path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
-    done = _script("bench_jacobian.py", path, "--repeats", "1")
-    assert done.returncode == 0, done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| config | N_s | P | per-sample ms | rows ms | ratio | float32 ms")
-    cells = [c.strip(" |") for c in rows[-1].split(" | ")]
-    assert cells[1:3] == ["64", "910"]  # the tiny config's samples and parameters
-    per_sample, rows_ms, ratio, rows32, ratio32, deviation = map(float, cells[3:9])
-    assert min(per_sample, rows_ms, rows32) > 0
-    assert abs(ratio - per_sample / rows_ms) < 0.01 * ratio + 0.01
-    assert abs(ratio32 - rows_ms / rows32) < 0.01 * ratio32 + 0.01
-    assert 0 < deviation < 1e-5  # float32 rounding, not another Jacobian
 
 
 def test_compiled_chains_report_what_compiling_cost(tmp_path, capsys):

@@ -122,7 +122,7 @@ BAD_CONFIGS = {
         ),
         "sign_rule",
     ),
-    "schedule": (lambda d: d["optimizer"].update(lr_schedule="cosine"), "optimizer.lr_final"),
+    "schedule": (lambda d: d["optimizer"].update(lr={"schedule": "cosine"}), "optimizer.lr"),
     # values that once ended in a traceback (torch's C int, timedelta's range, int("²"))
     "threads": (lambda d: d.update(threads=2**53), "threads"),
     "timeout": (lambda d: d.update(distributed={"timeout": 1e300}), "distributed.timeout"),

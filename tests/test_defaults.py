@@ -64,11 +64,7 @@ CONSTRUCTORS = [
         {k: k for k in ("n_samples", "n_chains", "sweep_size", "n_discard", "rule", "machine_pow")},
     ),
     (ExactSampler, cfg.SamplerConfig, {"chunk_size": "chunk_size"}),
-    (
-        VMC,
-        cfg.SamplerConfig,
-        {k: k for k in ("chunk_size", "n_samples_late", "late_fraction")},
-    ),
+    (VMC, cfg.SamplerConfig, {"chunk_size": "chunk_size"}),
     (natural_gradient, cfg.OptimizerConfig, {"method": "method"}),
     (
         ViT,

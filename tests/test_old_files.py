@@ -12,10 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from helpers import last_json, run_main, write_config
 
 from vitqs import results
+from vitqs.checkpoint import stored_config
 
 OLD = Path(__file__).parent / "data" / "pre_redesign"
 
@@ -30,7 +30,8 @@ def old_runs(tmp_path) -> Path:
 def _config_of(path: Path, tmp_path: Path, **changes) -> Path:
     """Returns a config file holding the run's stored config, with ``output.dir`` and the
     dotted ``changes`` set (keys a resume may change)."""
-    data = yaml.safe_load(results.read_results(path).config_yaml)
+    # the stored config in today's keys: its schedules as one value each (issue 51)
+    data = stored_config(results.read_results(path))
     data["output"]["dir"] = str(path.parent)
     for key, value in changes.items():
         section, name = key.split("__")

@@ -395,25 +395,6 @@ def test_max_seconds_must_be_positive_or_null(tmp_path):
     assert from_dict(tiny_heisenberg(tmp_path)).optimizer.max_seconds is None
 
 
-def test_more_samples_late_in_the_run(tmp_path):
-    data = tiny_heisenberg(
-        tmp_path / "out",
-        sampler={"n_samples_late": 128, "late_fraction": 0.5},
-        optimizer={"n_iter": 4},
-    )
-    summary = run_config(from_dict(data), progress=False)
-    record = results.read_results(summary["results_file"])
-    assert [row["n_samples"] for row in record.history] == [64, 64, 128, 128]
-
-
-def test_late_samples_must_fill_every_chain(tmp_path):
-    from vitqs.config import ConfigError
-
-    data = tiny_heisenberg(tmp_path, sampler={"n_samples_late": 100})
-    with pytest.raises(ConfigError, match=r"sampler.n_samples_late=100 .* sampler.n_chains=16"):
-        from_dict(data)
-
-
 @pytest.mark.parametrize("symmetrize", ["translations", "space_group"])
 def test_final_energy_of_the_average_is_itsmodel_energy(tmp_path, symmetrize):
     # full sum: the final energy must be exactly <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained ViT
@@ -590,28 +571,6 @@ def test_a_one_state_sector_is_never_called_frozen(tmp_path):
     summary = run_config(from_dict(data), progress=False)
     record = results.read_results(summary["results_file"])
     assert summary["n_iter"] == 4 and {row["acceptance"] for row in record.history} == {0.0}
-
-
-def test_the_history_records_which_steps_the_trust_bound_shortened(tmp_path):
-    # with a diagonal shift of 1 the step is close to a plain gradient step, whose length
-    # follows the Monte Carlo noise: a bound of 1x the median then shortens many steps, each
-    # to exactly that median, and none before 10 are known
-    from statistics import median
-
-    optimizer = {"n_iter": 40, "lr": 0.02, "diag_shift": 1.0}
-    data = tiny_heisenberg(tmp_path / "on", optimizer={**optimizer, "max_update_ratio": 1.0})
-    record = results.read_results(run_config(from_dict(data), progress=False)["results_file"])
-    capped = [row["update_capped"] for row in record.history]
-    norms = [row["update_norm"] for row in record.history]
-    assert not any(capped[:10]) and sum(capped) >= 5
-    for k in range(10, 40):
-        bound = median(norms[max(0, k - 50) : k])
-        assert norms[k] <= bound * (1 + 1e-12)
-        if capped[k]:
-            assert norms[k] == pytest.approx(bound, rel=1e-12)
-    data = tiny_heisenberg(tmp_path / "off", optimizer=optimizer)
-    record = results.read_results(run_config(from_dict(data), progress=False)["results_file"])
-    assert [row["update_capped"] for row in record.history] == [0.0] * 40
 
 
 def test_init_from_starts_from_the_earlier_run_s_final_state_averaged_or_not(tmp_path):

@@ -14,7 +14,6 @@ from vitqs.vmc.optimizers import Adam, Schedule
 from vitqs.vmc.sampler import ExactSampler
 from vitqs.vmc.sr import (
     _scaled_centred,
-    clip_local_energy,
     energy_gradient,
     force,
     gram,
@@ -320,44 +319,6 @@ def test_the_mixed_precision_solve_is_the_float64_one(rows, shape, decay):
     nan_row = X.clone()
     nan_row[2, 1] = float("nan")
     assert torch.isnan(solve_gram(nan_row, b, 1e-3, rows=rows)).all()
-
-
-def test_clipping_moves_only_the_outliers_onto_the_limit():
-    gen = torch.Generator().manual_seed(3)
-    e_loc = torch.randn(512, generator=gen, dtype=torch.float64)
-    e_loc[7], e_loc[100] = 80.0, -40.0
-    centre = e_loc.mean()
-    limit = 4.0 * (e_loc - centre).abs().mean()  # of the uncut values
-    clipped = clip_local_energy(e_loc, 4.0)
-    outside = (e_loc - centre).abs() > limit
-    assert clipped.dtype == torch.float64 and set(outside.nonzero().flatten().tolist()) >= {7, 100}
-    assert torch.equal(clipped[~outside], e_loc[~outside])  # bit for bit
-    torch.testing.assert_close(clipped[7], centre + limit, rtol=0, atol=1e-12)
-    torch.testing.assert_close(clipped[100], centre - limit, rtol=0, atol=1e-12)
-    # complex: the deviation keeps its phase and is cut to the limit in modulus
-    z = torch.randn(512, generator=gen, dtype=torch.complex128)
-    z[5] = 30 + 40j
-    cut = clip_local_energy(z, 4.0)
-    deviation, before = cut[5] - z.mean(), z[5] - z.mean()
-    torch.testing.assert_close(deviation.abs(), 4.0 * (z - z.mean()).abs().mean())
-    torch.testing.assert_close(deviation / deviation.abs(), before / before.abs())
-    # at an eigenstate every local energy is the same: nothing to cut
-    flat = torch.full((16,), -2.5, dtype=torch.float64)
-    assert torch.equal(clip_local_energy(flat, 0.1), flat)
-
-
-def test_clipping_with_importance_weights_uses_the_weighted_centre_and_spread():
-    gen = torch.Generator().manual_seed(4)
-    e_loc = torch.randn(256, generator=gen, dtype=torch.float64)
-    e_loc[3] = 60.0
-    weights = torch.softmax(torch.randn(256, generator=gen, dtype=torch.float64), dim=0)
-    centre = (weights * e_loc).sum()
-    limit = 3.0 * (weights * (e_loc - centre).abs()).sum()
-    clipped = clip_local_energy(e_loc, 3.0, weights)
-    torch.testing.assert_close(clipped[3], centre + limit, rtol=0, atol=1e-12)
-    inside = (e_loc - centre).abs() <= limit
-    assert torch.equal(clipped[inside], e_loc[inside])
-    assert not torch.equal(clipped, clip_local_energy(e_loc, 3.0))  # unweighted: other cuts
 
 
 def test_unknown_method_raises():

@@ -36,9 +36,8 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     (kept samples / sampling time; thermalisation sweeps included in the time),
     ``proposals_per_second``, ``local_energies_per_second``, ``peak_memory_mib`` (CPU:
     ``ru_maxrss`` of the process; CUDA: ``torch.cuda.max_memory_allocated``), ``n_params``,
-    ``n_samples``, ``method_used``, ``device``, ``dtype``, ``chain_dtype``,
-    ``local_energy_dtype`` and ``jacobian_dtype`` (the networks the chains, the local
-    energies and the log-derivatives run on),
+    ``n_samples``, ``method_used``, ``device``, ``dtype``, ``chain_dtype`` and
+    ``local_energy_dtype`` (the networks the chains and the local energies run on),
     ``threads``, ``n_iter``, ``n_warmup``, ``compile_seconds`` (``sampler.compile``: the
     first compiled pass of the chains' network, tracing and compiling, inside the warm-up;
     0 without).
@@ -83,7 +82,6 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         # a full sum has no chains and no network copies: everything in the model's dtype
         "chain_dtype": _copy_dtype(config, config.sampler.dtype),
         "local_energy_dtype": _copy_dtype(config, config.sampler.local_energy_dtype),
-        "jacobian_dtype": config.optimizer.jacobian_dtype or config.dtype,
         "threads": torch.get_num_threads(),
         "n_iter": n_iter,
         "n_warmup": n_warmup,
@@ -128,13 +126,9 @@ def _copy_dtype(config: Config, dtype: str | None) -> str:
 
 
 def _precision(result: dict) -> str:
-    """Returns the model's dtype, and those of the chains', local energies' and Jacobian's
-    networks where they differ from it."""
-    others = {
-        "chains": result["chain_dtype"],
-        "E_loc": result["local_energy_dtype"],
-        "O": result["jacobian_dtype"],
-    }
+    """Returns the model's dtype, and those of the chains' and local energies' networks
+    where they differ from it."""
+    others = {"chains": result["chain_dtype"], "E_loc": result["local_energy_dtype"]}
     differ = [f"{name} {dtype}" for name, dtype in others.items() if dtype != result["dtype"]]
     return result["dtype"] + (f" ({', '.join(differ)})" if differ else "")
 

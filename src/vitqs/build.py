@@ -189,8 +189,6 @@ def build_vmc(config: Config) -> VMC:
         chunk_size=config.sampler.chunk_size,
         local_energy_dtype=torch_dtype(config.sampler.local_energy_dtype),
         anneal=Anneal(config, hamiltonian) if annealed else None,
-        n_samples_late=config.sampler.n_samples_late,
-        late_fraction=config.sampler.late_fraction,
     )
 
 

@@ -18,7 +18,14 @@ import torch
 import yaml
 
 from vitqs import results
-from vitqs.config import Config, ConfigError, default_lattice_kind, key_defaults, keys_with
+from vitqs.config import (
+    Config,
+    ConfigError,
+    default_lattice_kind,
+    key_defaults,
+    keys_with,
+    upgrade_stored,
+)
 from vitqs.errors import first_line
 from vitqs.models import load_network_state
 from vitqs.models.symmetrize import Symmetrized
@@ -171,12 +178,13 @@ def load_state(state: dict, where: str, vmc) -> float:
 
 
 def stored_config(record: results.RunRecord) -> dict | None:
-    """Returns the config a results file says it ran, parsed like a config file."""
+    """Returns the config a results file says it ran, parsed like a config file, in
+    today's keys (`config.upgrade_stored`: an older file's schedules)."""
     try:
         data = parse_yaml(record.config_yaml)
     except (ConfigError, yaml.YAMLError, RecursionError):
         raise ConfigError(f"run {record.name!r}: its stored config is not valid YAML") from None
-    return data if isinstance(data, dict) else None
+    return upgrade_stored(data) if isinstance(data, dict) else None
 
 
 def _flatten(data, prefix=""):
@@ -198,9 +206,13 @@ def changed_keys(old: dict, new: dict, ignoring=None) -> list[str]:
     """Returns the dotted keys whose value differs between two configs, but for
     ``ignoring`` (the resumable keys by default). A key the old config lacks (a file written
     before the key existed) counts as holding its default, which keeps the behaviour the
-    code had before it."""
+    code had before it; a key the new one lacks (retired since) its off value."""
     ignoring = keys_with("resumable") if ignoring is None else ignoring
     old, new = _flatten(old), _flatten(new)
     defaults = key_defaults()
     keys = sorted(set(old) | set(new))
-    return [k for k in keys if old.get(k, defaults.get(k)) != new.get(k) and k not in ignoring]
+    return [
+        k
+        for k in keys
+        if old.get(k, defaults.get(k)) != new.get(k, defaults.get(k)) and k not in ignoring
+    ]

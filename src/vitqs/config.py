@@ -70,6 +70,38 @@ def real(minimum=None, maximum=None, positive=False):
     return check
 
 
+def schedule(minimum=None, positive=False):
+    """A value that a schedule may move: a number (constant), or a mapping ``{schedule:
+    exponential | cosine, start: <number>, end: <number>}`` over the run (its steps or its
+    budget, whichever ends first). Returns the number, or the mapping with its keys checked."""
+    number = real(minimum=minimum, positive=positive)
+
+    def check(key, value):
+        if not isinstance(value, dict):
+            return number(key, value)
+        keys = ("schedule", "start", "end")
+        unknown, missing = sorted(set(value) - set(keys)), [k for k in keys if k not in value]
+        if unknown or missing:
+            raise ConfigError(
+                f"{key}={shown(value)} must be a number or a mapping of schedule, start and end, "
+                f"e.g. {{schedule: cosine, start: 0.05, end: 0.002}}"
+            )
+        kind = choice(*SCHEDULES)(f"{key}.schedule", value["schedule"])
+        start, end = number(f"{key}.start", value["start"]), number(f"{key}.end", value["end"])
+        if kind == "exponential" and not (start > 0 and end > 0):
+            raise ConfigError(
+                f"{key}: an exponential schedule needs start={start} and end={end} both > 0"
+            )
+        return {"schedule": kind, "start": start, "end": end}
+
+    return check
+
+
+def schedule_values(value) -> tuple[float, ...]:
+    """Returns the numbers a `schedule` value takes at its ends (one for a constant)."""
+    return (value["start"], value["end"]) if isinstance(value, dict) else (value,)
+
+
 def device_name():
     def check(key, value):
         text()(key, value)
@@ -256,7 +288,7 @@ BOSON_RULES = ("hop",)
 RULES = ("auto", *SPIN_RULES, *BOSON_RULES)
 NATURAL_GRADIENTS = ("auto", "sr", "minsr")  # auto: the smaller of the two solves
 METHODS = (*NATURAL_GRADIENTS, "adam")
-SCHEDULES = ("constant", "exponential", "cosine")
+SCHEDULES = ("exponential", "cosine")  # besides a constant, which is a plain number
 MODEL_KINDS = ("vit", "simple_vit", "jastrow")
 ATTENTIONS = ("factored", "full")
 EMBEDDINGS = ("linear", "onehot")
@@ -437,10 +469,6 @@ class SamplerConfig(Section):
     # sampling 1.2-1.7x faster on the per-proposal path (float32, one core, 12 to 64 sites);
     # the first pass compiles (11-22 s, 3-5 s from torch's on-disk cache), so off by default
     compile: bool = option(False, boolean(), resumable=True)
-    # more samples late in the run: n_samples_late per step once late_fraction of n_iter (or
-    # of optimizer.max_seconds, whichever comes first) has passed
-    n_samples_late: int | None = option(None, optional(integer(1)))
-    late_fraction: float = option(0.75, real(minimum=0.0, maximum=1.0))
     # stop a run whose Metropolis acceptance has been 0 for this many steps in a row: every
     # chain is frozen on its configuration (a collapsed state); null: never stop
     max_frozen_steps: int | None = option(50, optional(integer(1)), resumable=True, runtime=True)
@@ -455,12 +483,10 @@ class OptimizerConfig(Section):
     prefix = "optimizer."
 
     method: str = option("auto", choice(*METHODS))
-    lr: float = option(0.01, real(positive=True), resumable=True)
-    lr_final: float | None = option(None, optional(real(positive=True)), resumable=True)
-    lr_schedule: str = option("constant", choice(*SCHEDULES))
-    diag_shift: float = option(1.0e-3, real(minimum=0.0), resumable=True)
-    diag_shift_final: float | None = option(None, optional(real(minimum=0.0)), resumable=True)
-    diag_shift_schedule: str = option("constant", choice(*SCHEDULES))
+    # learning rate and diagonal shift: a number, or {schedule: exponential | cosine, start,
+    # end} over n_iter or max_seconds, whichever ends first
+    lr: Any = option(0.01, schedule(positive=True), resumable=True)
+    diag_shift: Any = option(1.0e-3, schedule(minimum=0.0), resumable=True)
     n_iter: int = option(300, integer(1), resumable=True)
     # wall-clock budget of the optimisation loop in seconds (null: none); schedules run over
     # n_iter or over this budget, whichever ends first, so a budgeted run ends its schedule
@@ -468,12 +494,6 @@ class OptimizerConfig(Section):
     # the final state is the mean of the parameters measured after this fraction of the run
     # (of n_iter or of max_seconds): Polyak averaging of SR's noisy iterates (null: off)
     average_from: float | None = option(None, optional(real(minimum=0.0, maximum=1.0)))
-    # cut the local energies fed to the SR force to this many mean absolute deviations
-    # from their mean: rare outliers stop steering the step (Monte Carlo only; null: off)
-    clip_local_energy: float | None = option(None, optional(real(positive=True)))
-    # trust bound: an update longer than this many times the median length of the last 50
-    # is shortened to that length, its direction kept (null: off)
-    max_update_ratio: float | None = option(None, optional(real(minimum=1.0)))
     # SPRING (Goldshlager et al. 2024): the natural gradient regularised towards momentum ×
     # the last direction instead of towards zero, so what the samples of one step cannot
     # resolve is carried over from the steps before (null: plain SR / minSR)
@@ -483,11 +503,6 @@ class OptimizerConfig(Section):
     # max_seconds): the ground state is followed from where it is easy to find (null: off)
     anneal_from: dict | None = option(None, optional(real_mapping("{U: 3.3}")))
     anneal_until: float | None = option(None, optional(real(positive=True, maximum=1.0)))
-    # precision of the network copy whose log-derivatives O_k(x) build S and the force (null:
-    # the model's dtype). float32 rounding moves O by ~1e-7 relative (up to ~1e-4 where a
-    # symmetry projection cancels) and the update by ~1e-5, far inside its Monte Carlo noise;
-    # the parameters, energies and the solve's arithmetic keep the model's dtype
-    jacobian_dtype: str | None = option(None, optional(choice(*DTYPES)), resumable=True)
 
 
 @dataclass
@@ -607,7 +622,7 @@ def keys_with(rule: str) -> frozenset[str]:
 
 def key_defaults() -> dict:
     """Returns the default of every dotted key that has a plain default (not required),
-    over every section and both Hamiltonians."""
+    over every section and both Hamiltonians, and the off value of each retired key."""
     sections = [("", Config), *((f"{name}.", cls) for name, cls in _SECTIONS.items())]
     sections += [("hamiltonian.", cls) for cls in _HAMILTONIANS.values()]
     defaults = {}
@@ -617,7 +632,7 @@ def key_defaults() -> dict:
                 defaults[f"{prefix}{f.name}"] = f.default
             elif f.default_factory is not dataclasses.MISSING and prefix:
                 defaults[f"{prefix}{f.name}"] = f.default_factory()
-    return defaults
+    return {**RETIRED_KEYS, **defaults}
 
 
 # ---- building and validating --------------------------------------------------------------
@@ -630,6 +645,70 @@ def _unknown_key_error(key: str, known: list[str], prefix: str) -> ConfigError:
     return ConfigError(f"unknown key '{full}'{hint}")
 
 
+# Keys that levers measured and not adopted once had (issue 51), and the value that left
+# them off: a config or a stored one (an older results file) holding that value means what
+# it always meant, and the key is dropped; any other value asks for what vitqs no longer does.
+RETIRED_KEYS = {
+    "sampler.n_samples_late": None,
+    "sampler.late_fraction": 0.75,
+    "optimizer.clip_local_energy": None,
+    "optimizer.max_update_ratio": None,
+    "optimizer.jacobian_dtype": None,
+}
+
+
+# Before issue 51 a schedule was three keys (``lr``, ``lr_final``, ``lr_schedule``, and the
+# same for diag_shift); results files written then store them so.
+_LEGACY_SCHEDULES = ("lr", "diag_shift")
+
+
+def upgrade_stored(data):
+    """Returns a stored config (the ``config_yaml`` of a results file) in today's keys: its
+    schedules of three keys as one value. Other data, and today's configs, unchanged."""
+    optimizer = data.get("optimizer") if isinstance(data, dict) else None
+    if not isinstance(optimizer, dict):
+        return data
+    optimizer = dict(optimizer)
+    for name in _LEGACY_SCHEDULES:
+        kind = optimizer.pop(f"{name}_schedule", None)
+        final = optimizer.pop(f"{name}_final", None)
+        if kind not in (None, "constant") and name in optimizer:
+            optimizer[name] = {"schedule": kind, "start": optimizer[name], "end": final}
+    return {**data, "optimizer": optimizer}
+
+
+def _without_retired(data: dict, prefix: str) -> dict:
+    """Returns ``data`` without the retired keys that hold their off value; ConfigError for
+    one that holds another."""
+    kept = dict(data)
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if full not in RETIRED_KEYS:
+            continue
+        if value != RETIRED_KEYS[full]:
+            raise ConfigError(
+                f"{full}={shown(value)}: this lever was measured, not adopted and removed "
+                f"(issue 51; results/performance.md); delete the key"
+            )
+        del kept[key]
+    return kept
+
+
+def _refuse_legacy_schedules(data: dict, prefix: str) -> None:
+    """Raises for a schedule written as three keys, naming the one value that says it now."""
+    if prefix != "optimizer.":
+        return
+    for name in _LEGACY_SCHEDULES:
+        if f"{name}_final" in data or f"{name}_schedule" in data:
+            today = upgrade_stored({"optimizer": data})["optimizer"].get(name)
+            if isinstance(today, dict):  # as YAML writes it
+                today = "{" + ", ".join(f"{k}: {v}" for k, v in today.items()) + "}"
+            raise ConfigError(
+                f"optimizer.{name}_final / {name}_schedule: a schedule is one value now; "
+                f"write optimizer.{name}: {today} (a number for a constant)"
+            )
+
+
 def _build(cls, data, prefix: str):
     """Returns ``cls(**data)``, its values checked by the section itself; ``prefix`` is the
     dotted path, for unknown keys."""
@@ -638,6 +717,8 @@ def _build(cls, data, prefix: str):
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{section} must be a mapping of keys to values, got {describe(data)}")
+    _refuse_legacy_schedules(data, prefix)
+    data = _without_retired(data, prefix)
     fields = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in fields:
@@ -738,22 +819,9 @@ def _check_consistency(config: Config) -> None:
     _check_singlet_flip(config)
     _check_momentum_sector(config)
     _check_point_characters(config)
-    _check_schedules(config.optimizer)
     _check_momentum(config.optimizer)
     _check_anneal(config)
     _check_metropolis_only(config)
-    late, chains = config.sampler.n_samples_late, config.sampler.n_chains
-    if late is not None and late % chains:
-        raise ConfigError(
-            f"sampler.n_samples_late={late} must be a multiple of sampler.n_chains={chains}"
-        )
-    device = config.device
-    if not (
-        device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())
-    ):
-        raise ConfigError(
-            f"device={device!r} is not allowed; choose one of: auto | cpu | cuda | cuda:N"
-        )
 
 
 def _check_final_spin_flip(config: Config) -> None:
@@ -894,12 +962,6 @@ def _check_metropolis_only(config: Config) -> None:
     if sampler.kind == "metropolis":
         return
     keys = [  # (key, value, default, why a full sum has no use for it)
-        (
-            "optimizer.clip_local_energy",
-            config.optimizer.clip_local_energy,
-            None,
-            "a full sum's gradient is exact and has no outliers to cut",
-        ),
         ("sampler.dtype", sampler.dtype, SamplerConfig.dtype, "a full sum runs no chains"),
         ("sampler.bare_chains", sampler.bare_chains, False, "a full sum runs no chains"),
         ("sampler.compile", sampler.compile, False, "a full sum runs no chains"),
@@ -982,27 +1044,6 @@ def _check_anneal(config: Config) -> None:
         raise ConfigError(f"optimizer.anneal_from={cfg.anneal_from}: {err}") from None
 
 
-def _check_schedules(cfg: OptimizerConfig) -> None:
-    """Checks that a scheduled lr / diag_shift has a final value an exponential can reach."""
-    for name in ("lr", "diag_shift"):
-        kind, initial, final = (
-            getattr(cfg, f"{name}_schedule"),
-            getattr(cfg, name),
-            getattr(cfg, f"{name}_final"),
-        )
-        if kind == "constant":
-            continue
-        if final is None:
-            raise ConfigError(
-                f"optimizer.{name}_final is required with optimizer.{name}_schedule={kind}"
-            )
-        if kind == "exponential" and not (initial > 0 and final > 0):
-            raise ConfigError(
-                f"optimizer.{name}_schedule=exponential needs optimizer.{name}={initial} and "
-                f"optimizer.{name}_final={final} both > 0"
-            )
-
-
 def _check_momentum(cfg: OptimizerConfig) -> None:
     """SPRING's memory is the diagonal shift: with λ = 0 the last direction is forgotten."""
     if not cfg.momentum:
@@ -1012,15 +1053,11 @@ def _check_momentum(cfg: OptimizerConfig) -> None:
             f"optimizer.momentum={cfg.momentum} is SPRING's, for the natural gradient; "
             "optimizer.method=adam has its own moments (set optimizer.momentum: null)"
         )
-    shifts = {"diag_shift": cfg.diag_shift}
-    if cfg.diag_shift_schedule != "constant":
-        shifts["diag_shift_final"] = cfg.diag_shift_final
-    for key, value in shifts.items():
-        if not value:
-            raise ConfigError(
-                f"optimizer.{key}={value} must be > 0 with optimizer.momentum={cfg.momentum}: "
-                "the diagonal shift is what pulls a step towards the last one"
-            )
+    if not all(schedule_values(cfg.diag_shift)):
+        raise ConfigError(
+            f"optimizer.diag_shift={cfg.diag_shift} must be > 0 with optimizer.momentum="
+            f"{cfg.momentum}: the diagonal shift is what pulls a step towards the last one"
+        )
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Config:

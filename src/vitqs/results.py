@@ -86,7 +86,6 @@ class HistoryRow:
     seconds_total: float
     n_samples: float
     anneal_fraction: float  # 1: the step's hamiltonian is the config's (optimizer.anneal_from)
-    update_capped: float  # 1: the trust bound shortened the step (optimizer.max_update_ratio)
 
     @classmethod
     def of(cls, result) -> dict[str, float]:
@@ -111,7 +110,6 @@ class HistoryRow:
                 seconds_total=sum(timings.values()),
                 n_samples=energy.n_samples,
                 anneal_fraction=result.anneal_fraction,
-                update_capped=float(result.update_capped),
             )
         )
 
@@ -119,7 +117,7 @@ class HistoryRow:
 HISTORY_FIELDS = tuple(f.name for f in dataclasses.fields(HistoryRow))
 _INT_HISTORY_FIELDS = ("step",)
 # columns added after format 1 was first written: a file without them reads as NaN
-_LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction", "update_capped")
+_LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction")
 
 # ``reference``: how the energy was obtained (`physics.reference`: "exact diagonalization",
 # "Bethe ansatz" or "published: <citation>"); files before it hold ED energies only.

@@ -50,7 +50,7 @@ def test_an_unknown_dtype_names_the_config_key():
 
 @pytest.mark.parametrize("route", ["rows", "per_sample"])
 def test_a_float32_copy_differentiates_log_psi_to_float32_rounding(route):
-    # optimizer.jacobian_dtype: the copy's O_k(x), in the float64 model's columns
+    # a float32 copy's O_k(x), in the float64 model's columns: both routes read a copy
     model, x = _vit(), random_spins(32, 8, seed=2)
     exact = log_derivatives(model, x, route=route)
     rounded = log_derivatives(NetworkCopy(torch.float32)(model), x, route=route)

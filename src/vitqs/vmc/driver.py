@@ -2,7 +2,7 @@
 
 Each step: sample ``|ψ|²`` → local energies → statistics → log-derivatives → SR / minSR
 solve (or Adam) → ``θ ← θ − η g``. The loop owns what changes between steps (progress,
-budget, annealing, late samples); loggers, checkpoints, signals and progress bars live
+budget, annealing); loggers, checkpoints, signals and progress bars live
 outside, as callbacks of `VMC.run` (`vitqs.vmc.callbacks`, `vitqs.run`).
 
 NaN guard: a step whose samples' log ψ (on any rank) or energy is not finite undoes the
@@ -20,18 +20,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from vitqs.config import OptimizerConfig, SamplerConfig
 from vitqs.distributed import agree_all, agree_max, broadcast_from_root, reduce_sum
-from vitqs.models.precision import NetworkCopy, torch_dtype
+from vitqs.models.precision import NetworkCopy
 from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
 from vitqs.vmc.optimizers import Adam, Schedule
 from vitqs.vmc.sampler import Samples
 from vitqs.vmc.sr import (
     chosen_solve,
-    clip_local_energy,
     energy_gradient,
     log_derivatives,
     natural_gradient,
@@ -42,10 +40,6 @@ from vitqs.vmc.sr import (
 # Consecutive non-finite attempts of one step before the run stops (each raises the
 # diagonal shift ×10): 10^5 × λ is past any shift that helps.
 MAX_RETRIES = 5
-# The trust bound (``optimizer.max_update_ratio``) compares a step with the median
-# length of this many applied before it, and waits until this many are known.
-UPDATE_WINDOW = 50
-UPDATE_MIN_HISTORY = 10
 
 
 class NonFiniteEnergyError(RuntimeError):
@@ -74,8 +68,7 @@ class StepResult:
         step: step index (0-based).
         energy: `Stats` of the local energies.
         acceptance: Metropolis acceptance rate (NaN for the exact sampler).
-        update_norm: ``‖η δθ‖`` of the applied update (after any trust bound).
-        update_capped: whether the trust bound (``max_update_ratio``) shortened the update.
+        update_norm: ``‖η δθ‖`` of the applied update.
         lr, diag_shift: values used (after any NaN-guard raise).
         n_retries: non-finite attempts before this one succeeded.
         timings: seconds per phase: ``sampling``, ``local_energy``, ``jacobian``, ``solve``.
@@ -92,7 +85,6 @@ class StepResult:
     diag_shift: float
     n_retries: int = 0
     timings: dict[str, float] = field(default_factory=dict)
-    update_capped: bool = False
     method: str = ""
     anneal_fraction: float = 1.0
 
@@ -103,7 +95,7 @@ class VMC:
 
     What changes between steps is the loop's own state: the steps done and the wall-clock
     budget spent (together the run's progress, which the schedules follow), the Hamiltonian
-    along the annealing path, and the samples per step (more late in the run). What watches
+    along the annealing path. What watches
     the loop (the results file, checkpoints, signals, frozen chains, a progress bar) is given
     to `run` as callbacks.
 
@@ -112,17 +104,14 @@ class VMC:
         model: ``(B, N) -> log ψ (B,)`` with real parameters.
         sampler: a `Sampler` (Metropolis chains, or exact sums over the sector).
         optimizer: the ``optimizer`` section (None: its defaults): method, the ``lr`` and
-            ``diag_shift`` schedules, ``n_iter``, ``max_seconds``, averaging, clipping,
-            the trust bound and the Jacobian's precision. ``anneal_from`` comes in through
-            ``anneal``.
+            ``diag_shift`` schedules, ``n_iter``, ``max_seconds``, averaging and SPRING
+            momentum. ``anneal_from`` comes in through ``anneal``.
         chunk_size: samples per forward pass in local energies and log-derivatives.
         local_energy_dtype: precision of the network copy that evaluates the connected
             configurations in the steps' local energies (None: the model itself). The
             samples' log ψ, the ratios' sums, gradients and S stay in the model's dtype.
         anneal: a callable ``progress -> (hamiltonian, fraction)`` giving the Hamiltonian to
             optimise at that fraction of the run (``build.Anneal``); None: the target always.
-        n_samples_late, late_fraction: ``sampler.n_samples_late`` samples per step once
-            ``late_fraction`` of the run has passed (None: the sampler's count throughout).
         max_retries: consecutive non-finite attempts of a step before the run stops.
     """
 
@@ -136,8 +125,6 @@ class VMC:
         chunk_size: int | None = SamplerConfig.chunk_size,
         local_energy_dtype: torch.dtype | None = None,
         anneal=None,
-        n_samples_late: int | None = SamplerConfig.n_samples_late,
-        late_fraction: float = SamplerConfig.late_fraction,
         max_retries: int = MAX_RETRIES,
     ):
         self.hamiltonian, self.model, self.sampler = hamiltonian, model, sampler
@@ -151,18 +138,12 @@ class VMC:
         self._local_energy_network = NetworkCopy(
             local_energy_dtype, key="sampler.local_energy_dtype"
         )
-        # O_k(x) from a copy in optimizer.jacobian_dtype: the largest phase of a symmetrised
-        # ViT's step (12 copies of the kagome 2x3's: 0.53 s float64, 0.18 s float32)
-        self._jacobian_network = NetworkCopy(
-            torch_dtype(self.optimizer.jacobian_dtype), key="optimizer.jacobian_dtype"
-        )
         # a schedule is the value: asked for the step's lr and diagonal shift
-        self.lr = Schedule.of(self.optimizer, "lr")
-        self.diag_shift = Schedule.of(self.optimizer, "diag_shift")
+        self.lr = Schedule.of(self.optimizer.lr, self.optimizer.n_iter)
+        self.diag_shift = Schedule.of(self.optimizer.diag_shift, self.optimizer.n_iter)
         self.adam = Adam() if self.optimizer.method == "adam" else None
         self.anneal = anneal
         self.step_hamiltonian, self.anneal_fraction = hamiltonian, 1.0  # what the steps optimise
-        self._n_samples = (sampler.n_samples, n_samples_late, late_fraction)
         self.step_count = 0
         # wall-clock seconds of the loop: of earlier invocations (a resume), and in all
         self.seconds_before = 0.0
@@ -170,7 +151,6 @@ class VMC:
         self._last_good: tuple[torch.Tensor, dict | None] | None = None  # before last update
         self._last_energy: float | None = None
         self._average: tuple[torch.Tensor, int] | None = None  # (mean θ, count)
-        self._recent_norms: list[float] = []  # lengths of the last applied updates
         # SPRING (optimizer.momentum): the direction of the last applied update, and the one
         # before it (restored with the parameters when a step is undone)
         self._direction: torch.Tensor | None = None
@@ -214,14 +194,9 @@ class VMC:
         return max(self.step_count / self.optimizer.n_iter, self.budget_progress() or 0.0)
 
     def _advance(self) -> None:
-        """Sets what the next step needs of the run's progress: the Hamiltonian along the
-        annealing path, and the late sample count once past its fraction of the run."""
-        progress = self.progress()
+        """Sets the Hamiltonian of the next step along the annealing path."""
         if self.anneal is not None:
-            self.step_hamiltonian, self.anneal_fraction = self.anneal(progress)
-        early, late, late_fraction = self._n_samples
-        if late is not None:
-            self.sampler.set_n_samples(late if progress >= late_fraction else early)
+            self.step_hamiltonian, self.anneal_fraction = self.anneal(self.progress())
 
     def step(self) -> StepResult:
         """Returns the result of one guarded step; raises `NonFiniteEnergyError`."""
@@ -257,11 +232,10 @@ class VMC:
             if adam_before is not None:
                 self.adam.load_state_dict(adam_before)
             return None  # nothing applied
-        step, capped = self._within_trust_bound(lr * update)
+        step = lr * update
+        update_norm = float(step.norm())
         # a finite step whose length overflows (lr 1e300), or one that overflows θ
-        overflows = not math.isfinite(self._recent_norms[-1])
-        if overflows or not bool(torch.isfinite(theta - step).all()):
-            self._recent_norms.pop()
+        if not math.isfinite(update_norm) or not bool(torch.isfinite(theta - step).all()):
             if adam_before is not None:
                 self.adam.load_state_dict(adam_before)
             return None
@@ -275,28 +249,13 @@ class VMC:
             step=self.step_count,
             energy=stats,
             acceptance=samples.acceptance,
-            update_norm=self._recent_norms[-1],
+            update_norm=update_norm,
             lr=lr,
             diag_shift=diag_shift,
             timings=timings,
-            update_capped=capped,
             method=method,
             anneal_fraction=self.anneal_fraction,
         )
-
-    def _within_trust_bound(self, step: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Returns ``step`` shortened to ``max_update_ratio`` times the median length of the
-        recent updates when it is longer (once ``UPDATE_MIN_HISTORY`` are known), and whether
-        it was; records the applied length."""
-        length, capped = float(step.norm()), False
-        ratio, recent = self.optimizer.max_update_ratio, self._recent_norms
-        if ratio is not None and len(recent) >= UPDATE_MIN_HISTORY:
-            bound = ratio * float(np.median(recent))
-            if length > bound:
-                step, length, capped = step * (bound / length), bound, True
-        recent.append(length)
-        del recent[:-UPDATE_WINDOW]
-        return step, capped
 
     def _add_to_average(self, theta: torch.Tensor) -> None:
         start = self.optimizer.average_from
@@ -326,18 +285,15 @@ class VMC:
         solve that gave it."""
         x, weights = samples.x.reshape(-1, samples.x.shape[-1]), samples.weights
         e_loc = e_loc.reshape(-1)
-        width = self.optimizer.clip_local_energy
         if weights is None:
             importance = samples.log_importance
             if importance is not None:
                 importance = importance_weights(importance).reshape(-1)
-            if width is not None:
-                e_loc = clip_local_energy(e_loc, width, importance)
             x, e_loc, weights = _distinct_samples(x, e_loc, importance)
         else:
             weights = weights.reshape(-1)
         start = time.perf_counter()
-        jac = log_derivatives(self._jacobian_network(self.model), x, self.chunk_size)  # (N_s, P)
+        jac = log_derivatives(self.model, x, self.chunk_size)  # (N_s, P)
         timings["jacobian"] = _lap(start)
         start = time.perf_counter()
         if self.adam is None:
@@ -375,7 +331,6 @@ class VMC:
             "last_energy": self._last_energy,
             "last_good": self._last_good,
             "average": self._average,
-            "recent_norms": list(self._recent_norms),
             "direction": self._direction,
             "direction_before": self._direction_before,
         }
@@ -390,7 +345,6 @@ class VMC:
         self._last_energy = state.get("last_energy")
         self._last_good = state.get("last_good")
         self._average = state.get("average")
-        self._recent_norms = list(state.get("recent_norms") or [])
         self._direction = state.get("direction")
         self._direction_before = state.get("direction_before")
 
@@ -429,9 +383,6 @@ def _check_state(state: dict, n_params: torch.Size) -> None:
         "direction": state.get("direction") is None or vector(state.get("direction")),
         "direction_before": state.get("direction_before") is None
         or vector(state.get("direction_before")),
-        # None or absent: a checkpoint from before the trust bound
-        "recent_norms": isinstance(state.get("recent_norms") or [], list)
-        and all(isinstance(v, float) for v in state.get("recent_norms") or []),
     }
     wrong = [key for key, ok in checks.items() if not ok]
     if wrong:

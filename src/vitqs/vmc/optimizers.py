@@ -2,7 +2,7 @@
 and Adam's moments.
 
 A `Schedule` is the value: the loop asks it for the learning rate or the diagonal shift at
-each step (``optimizer.lr``, ``lr_final``, ``lr_schedule``; the same for ``diag_shift``),
+each step (``optimizer.lr`` and ``diag_shift``: a number, or ``{schedule, start, end}``),
 over ``n_iter`` steps or, when ahead, the fraction of a wall-clock budget spent.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vitqs.config import SCHEDULES, OptimizerConfig
+from vitqs.config import SCHEDULES
 
 
 # ----------------------------------------------------------------- schedules
@@ -31,19 +31,18 @@ class Schedule:
     n_steps: int = 1
 
     @classmethod
-    def of(cls, optimizer: OptimizerConfig, name: str) -> Schedule:
-        """Returns the schedule of ``optimizer.<name>`` (``lr`` or ``diag_shift``): its value,
-        ``<name>_final`` and ``<name>_schedule``, over ``optimizer.n_iter`` steps."""
-        return cls(
-            getattr(optimizer, name),
-            getattr(optimizer, f"{name}_final"),
-            getattr(optimizer, f"{name}_schedule"),
-            optimizer.n_iter,
-        )
+    def of(cls, value, n_steps: int) -> Schedule:
+        """Returns the schedule of a config value (``optimizer.lr`` or ``diag_shift``): a
+        number, constant, or ``{schedule, start, end}``, over ``n_steps`` steps."""
+        if isinstance(value, dict):
+            return cls(value["start"], value["end"], value["schedule"], n_steps)
+        return cls(value, None, "constant", n_steps)
 
     def __post_init__(self):
-        if self.kind not in SCHEDULES:
-            raise ValueError(f"schedule kind {self.kind!r} is not one of {list(SCHEDULES)}")
+        if self.kind not in ("constant", *SCHEDULES):
+            raise ValueError(
+                f"schedule kind {self.kind!r} is not one of {['constant', *SCHEDULES]}"
+            )
         if self.kind != "constant" and self.final is None:
             raise ValueError(f"a {self.kind} schedule from {self.initial} needs a final value")
         if self.kind == "exponential" and not (self.initial > 0 and self.final > 0):

@@ -146,7 +146,7 @@ class Sampler(ABC):
         evaluates ψ at the connected configurations (the model, or its float32 copy)."""
 
     def set_n_samples(self, n_samples: int) -> None:
-        """Sets the samples per call from now on (``sampler.n_samples_late``); a sampler
+        """Sets the samples per call from now on; a sampler
         whose every call covers the same states keeps them."""
         return None
 

@@ -350,29 +350,6 @@ def _strip_edges(n_rows: int, n_strips: int) -> list[int]:
     return [*edges, n_rows]
 
 
-def clip_local_energy(e_loc: torch.Tensor, width: float, weights=None) -> torch.Tensor:
-    """Returns ``E_loc`` with each deviation from the mean cut to ``width`` times the mean
-    absolute deviation ``⟨|E_loc − ⟨E_loc⟩|⟩`` (radially, for a complex ``E_loc``); both
-    means are weighted by the samples' normalised importance ``weights`` if given.
-
-    For the *gradient* only, as in FermiNet (Pfau et al. 2020): a configuration the sampler
-    rarely visits, where ψ is still badly wrong, can carry a local energy hundreds of spreads
-    from the mean; one such sample then sets the whole SR direction. Cutting it biases F by
-    an amount that vanishes with the variance (at an eigenstate nothing is cut); the energy
-    and its error bar are always taken from the uncut values. Monte Carlo samples only.
-    """
-    e = e_loc.reshape(-1).to(torch.complex128)
-    weights = None if weights is None else weights.reshape(-1)
-    centre = sample_mean(e, weights)
-    deviation = e - centre
-    size = deviation.abs()
-    limit = width * sample_mean(size, weights)
-    cut = size > limit  # never true for size 0
-    clipped = torch.where(cut, centre + deviation * (limit / torch.where(cut, size, 1.0)), e)
-    clipped = clipped.reshape(e_loc.shape)
-    return clipped if e_loc.is_complex() else clipped.real.to(e_loc.dtype)
-
-
 def solve_shifted(A: torch.Tensor, b: torch.Tensor, diag_shift: float) -> torch.Tensor:
     """Returns ``(A + λI)⁻¹ b`` for symmetric positive semi-definite ``A``, in float64.
 
