@@ -252,11 +252,23 @@ _REQUIRED = object()
 
 
 def option(
-    default=_REQUIRED, check=None, *, resumable=False, free_across_init=False, runtime=False
+    default=_REQUIRED,
+    check=None,
+    *,
+    doc: str = "",
+    allowed: str = "",
+    resumable=False,
+    free_across_init=False,
+    runtime=False,
+    escape_hatch=False,
 ):
-    """A config field: its default (or required), its checker, and the rules of the field.
+    """A config field: its default (or required), its checker, its documentation and the
+    rules of the field. docs/config.md is generated from these (`vitqs.config_reference`).
 
     Args:
+        doc: what the option does, in a few sentences (Markdown): its unit where it has one,
+            what null means; measurements stay in results/, pointed to.
+        allowed: the values it takes, as text (Markdown), e.g. ``"int ≥ 1, or null"``.
         resumable: a resumed run may change the value: it does not alter the trajectory
             already recorded (the steps still to come, where files go, how the final state
             is measured).
@@ -264,12 +276,18 @@ def option(
             (``model.init_from``) whose value differs: no parameter changes shape or meaning.
         runtime: the value says where and how a run goes, not what it computes: a sweep
             reads a finished point back whatever it is now.
+        escape_hatch: a setting a user turns to when the default does not fit the machine
+            or the run (device, precision, memory, time, files): it keeps its place without
+            a shipped config that sets it (issue 51; tests/test_config_reference.py).
     """
     metadata = {
         "check": check,
+        "doc": doc,
+        "allowed": allowed,
         "resumable": resumable,
         "free_across_init": free_across_init,
         "runtime": runtime,
+        "escape_hatch": escape_hatch,
     }
     if default is _REQUIRED:
         return field(default=None, metadata={**metadata, "required": True})
@@ -326,13 +344,26 @@ class Section:
 class LatticeConfig(Section):
     prefix = "lattice."
 
-    shape: list = option(check=int_list((1, 2), minimum=1))
-    # one bool for every axis, or one per axis; a ladder's single bool is along its legs
-    # (across them it stays open unless a list says otherwise)
-    pbc: Any = option(
-        True, either(boolean(), bool_list((1, 2)), expected="true, false or a list of them")
+    shape: list = option(
+        check=int_list((1, 2), minimum=1),
+        doc="Unit cells per axis. Site b of cell (x, y) is `n_basis·(x + Lx·y) + b` (a chain "
+        "or a square: site `x + Lx·y`); at most 65,536 sites in all.",
+        allowed="`[L]` or `[Lx, Ly]` (a ladder: `[L, legs]`), integers ≥ 1",
     )
-    kind: str | None = option(None, optional(choice(*LATTICE_KINDS)))
+    pbc: Any = option(
+        True,
+        either(boolean(), bool_list((1, 2)), expected="true, false or a list of them"),
+        doc="Periodic boundaries: one bool for every axis, or one per axis. A ladder's single "
+        "bool is along its legs; across them it stays open unless a list says otherwise.",
+        allowed="bool, or a list of one bool per axis",
+    )
+    kind: str | None = option(
+        None,
+        optional(choice(*LATTICE_KINDS)),
+        doc="The lattice ([README, Lattices](../README.md#lattices)). null: a chain for `[L]`, "
+        "a square for `[Lx, Ly]`.",
+        allowed="`chain` | `square` | `triangular` | `honeycomb` | `kagome` | `ladder`, or null",
+    )
 
     @property
     def resolved_kind(self) -> str:
@@ -351,208 +382,557 @@ class LatticeConfig(Section):
 class HeisenbergConfig(Section):
     prefix = "hamiltonian."
 
-    kind: str = option("heisenberg", choice("heisenberg"))
-    J1: float = option(1.0, real())
-    J2: float = option(0.0, real())
-    # a ladder's order-1 bonds: along the legs and across them (rungs); None: J1
-    J_leg: float | None = option(None, optional(real()))
-    J_rung: float | None = option(None, optional(real()))
-    sign_rule: bool = option(False, boolean())
-    total_sz: float = option(0.0, real())
+    kind: str = option(
+        "heisenberg",
+        choice("heisenberg"),
+        doc="Spins 1/2: `H = J1 Σ_⟨ij⟩ S_i·S_j + J2 Σ_⟨⟨ij⟩⟩ S_i·S_j` with S = σ/2 (netket's "
+        "`Heisenberg` uses Pauli matrices: its energies are 4× ours).",
+        allowed="`heisenberg`",
+    )
+    J1: float = option(
+        1.0,
+        real(),
+        doc="Coupling of the order-1 (nearest-neighbour) bonds; > 0 is antiferromagnetic.",
+        allowed="float",
+    )
+    J2: float = option(
+        0.0, real(), doc="Coupling of the order-2 (next-nearest-neighbour) bonds.", allowed="float"
+    )
+    J_leg: float | None = option(
+        None,
+        optional(real()),
+        doc="A ladder's order-1 coupling along its legs; other lattices refuse it. null: `J1`.",
+        allowed="float, or null",
+    )
+    J_rung: float | None = option(
+        None,
+        optional(real()),
+        doc="A ladder's order-1 coupling across its legs (the rungs); other lattices refuse it. "
+        "null: `J1`.",
+        allowed="float, or null",
+    )
+    sign_rule: bool = option(
+        False,
+        boolean(),
+        doc="Work in the basis rotated by the Marshall sign on the J1 bonds, where an "
+        "unfrustrated ground state is positive; the spectrum is unchanged. Bipartite lattices "
+        "only (chain and square of even extents, honeycomb, ladder).",
+        allowed="bool",
+    )
+    total_sz: float = option(
+        0.0,
+        real(),
+        doc="The S^z sector the run works in.",
+        allowed="float: an integer (a half-integer on an odd number of sites) within ±N/2",
+    )
 
 
 @dataclass
 class BoseHubbardConfig(Section):
     prefix = "hamiltonian."
 
-    kind: str = option("bose_hubbard", choice("bose_hubbard"))
-    J: float = option(1.0, real())
-    U: float = option(4.0, real())
-    mu: float = option(0.0, real())
-    n_particles: int = option(check=integer(1))
-    n_max: int | None = option(None, optional(integer(1)))
+    kind: str = option(
+        "bose_hubbard",
+        choice("bose_hubbard"),
+        doc="Bosons at fixed number: `H = −J Σ_⟨ij⟩ (b_i† b_j + h.c.) + U/2 Σ n_i(n_i − 1) "
+        "− μ Σ n_i`.",
+        allowed="`bose_hubbard`",
+    )
+    J: float = option(
+        1.0, real(), doc="Hopping amplitude along the order-1 bonds.", allowed="float"
+    )
+    U: float = option(4.0, real(), doc="On-site interaction.", allowed="float")
+    mu: float = option(
+        0.0,
+        real(),
+        doc="Chemical potential μ; at a fixed number of bosons it shifts every energy by −μN.",
+        allowed="float",
+    )
+    n_particles: int = option(
+        check=integer(1), doc="The number of bosons on the lattice.", allowed="int ≥ 1"
+    )
+    n_max: int | None = option(
+        None,
+        optional(integer(1)),
+        doc="Most bosons one site may hold. null: `n_particles` (no cutoff).",
+        allowed="int ≥ 1, or null",
+    )
 
 
 @dataclass
 class ModelConfig(Section):
     prefix = "model."
 
-    kind: str = option("vit", choice(*MODEL_KINDS))
+    kind: str = option(
+        "vit",
+        choice(*MODEL_KINDS),
+        doc="The wave function: the Vision Transformer (`models/vit.py`), the one-layer "
+        "baseline it grew from (`models/simple_vit.py`), or a two-body Jastrow.",
+        allowed="`vit` | `simple_vit` | `jastrow`",
+    )
     patch_size: Any = option(
         2,
         either(
             integer(1), int_list((1, 2), minimum=1), expected="an integer >= 1 or a list of them"
         ),
+        doc="Cells per patch, each with all its basis sites: b on a chain, b×b on a 2-d lattice "
+        "(or `[bx, by]`). Must divide the lattice's extents.",
+        allowed="int ≥ 1, or a list of one per axis",
     )
-    d_model: int = option(16, integer(1))
-    heads: int = option(4, integer(1))
-    layers: int = option(2, integer(1))
-    attention: str = option("factored", choice(*ATTENTIONS))
-    translation_invariant: bool = option(True, boolean())
-    embedding: str = option("linear", choice(*EMBEDDINGS))
-    jastrow: bool = option(False, boolean())
-    symmetrize: str = option("none", choice(*SYMMETRIZE), free_across_init=True)
-    spin_flip: int = option(0, choice(*SPIN_FLIPS), free_across_init=True)
-    # the crystal momentum of the sector that model.symmetrize and final.symmetrize:
-    # translations project on, as integers [n_x, n_y] (one per axis, 0 <= n_i < L_i):
-    # ψ(T_a x) = exp(i k·a) ψ(x) for a shift by a cells, k·a = 2π Σ n_i a_i / L_i. A small
-    # cluster's ground state need not be at k = 0 (the kagome 2x3's is at [1, 0]). null: k = 0
+    d_model: int = option(
+        16,
+        integer(1),
+        doc="Width of the patch embeddings; `heads` must divide it.",
+        allowed="int ≥ 1",
+    )
+    heads: int = option(4, integer(1), doc="Attention heads.", allowed="int ≥ 1")
+    layers: int = option(2, integer(1), doc="Encoder blocks.", allowed="int ≥ 1")
+    attention: str = option(
+        "factored",
+        choice(*ATTENTIONS),
+        doc="`factored`: attention weights that depend on the patches' positions only; "
+        "`full`: softmax(QKᵀ/√d)V.",
+        allowed="`factored` | `full`",
+    )
+    translation_invariant: bool = option(
+        True,
+        boolean(),
+        doc="Attention depends on the relative positions of patches only, so ψ is invariant "
+        "under shifts by whole patches.",
+        allowed="bool",
+    )
+    embedding: str = option(
+        "linear",
+        choice(*EMBEDDINGS),
+        doc="How a patch's occupations enter: a linear map, or one-hot vectors (suit bosons).",
+        allowed="`linear` | `onehot`",
+    )
+    jastrow: bool = option(
+        False, boolean(), doc="Multiply ψ by a two-body Jastrow factor.", allowed="bool"
+    )
+    symmetrize: str = option(
+        "none",
+        choice(*SYMMETRIZE),
+        free_across_init=True,
+        doc="Train ψ averaged over the lattice translations (a translation-invariant ViT needs "
+        "only the shifts inside a patch: 4 copies on 2×2 patches), or over the space group "
+        "(translations after the rotations and reflections found from the geometry), projected "
+        "on the sector of `model.momentum` and `model.point_characters`. A step costs one "
+        "forward pass per copy.",
+        allowed="`none` | `translations` | `space_group`",
+    )
+    spin_flip: int = option(
+        0,
+        choice(*SPIN_FLIPS),
+        free_across_init=True,
+        doc="Project ψ on this eigenvalue of global spin inversion (spins at S^z = 0 only). "
+        "0: no projection.",
+        allowed="0 | 1 | -1",
+    )
     momentum: list | None = option(
-        None, optional(int_list((1, 2), minimum=0)), free_across_init=True
+        None,
+        optional(int_list((1, 2), minimum=0)),
+        free_across_init=True,
+        doc="The crystal momentum of the sector the translations of `symmetrize` (model or "
+        "final) project on, `[n_x, n_y]`: ψ(T_a x) = e^{ik·a} ψ(x) with k·a = 2π Σ n_i a_i / "
+        "L_i. A small cluster's ground state need not be at k = 0 (the kagome 2×3's is at "
+        "`[1, 0]`). Needs a complex ψ and a network that shifts of phase ≠ 1 do not leave "
+        "invariant (with one-cell patches, `translation_invariant: false`). null: k = 0.",
+        allowed="list of one int per axis, 0 ≤ n_i < L_i (0 along an open axis), or null",
     )
-    # with symmetrize: space_group (model or final), the characters (+1 or -1) of the sector
-    # under the rotations and reflections that keep model.momentum (the little group, identity
-    # first, in the order `vitqs ed` reports the ground state's as point_characters): ψ(P x) =
-    # χ_P ψ(x). A ground state odd under a reflection (the kagome 2x3's) needs it; null: all +1
     point_characters: list | None = option(
-        None, optional(int_list((1, 48), minimum=-1)), free_across_init=True
+        None,
+        optional(int_list((1, 48), minimum=-1)),
+        free_across_init=True,
+        doc="With `symmetrize: space_group` (model or final): the characters χ_P of the sector "
+        "under the rotations and reflections that keep `model.momentum` (its little group, "
+        "identity first), so that ψ(P x) = χ_P ψ(x); copy them from `vitqs ed`'s "
+        "`point_characters`. Refused when they are not a one-dimensional representation of "
+        "that group. null: all +1.",
+        allowed="list of +1 / -1, or null",
     )
-    # std of the head's complex output weights: small, so that log ψ starts near a constant
-    # (ψ nearly uniform) and the first steps are not dominated by a random, peaked state; but
-    # not too small: at S^z = 0 the uniform state is the fully polarised multiplet's member,
-    # an exact eigenstate of any SU(2)-symmetric H, where the energy gradient vanishes. At
-    # 1e-2 the log-derivatives (~std², ~1e-4) sink below SR's diagonal shift and a J1-J2 run
+    # why 0.1: at S^z = 0 the uniform state is the fully polarised multiplet's member, an
+    # exact eigenstate of any SU(2)-symmetric H, where the energy gradient vanishes. At 1e-2
+    # the log-derivatives (~std², ~1e-4) sink below SR's diagonal shift and a J1-J2 run
     # without sign rule sat at E/N = +0.75 for ~16 steps; 1e-1 leaves at once (0.3 and 1.0
     # start too rough)
-    head_init_std: float = option(0.1, real(positive=True), free_across_init=True)
-    # a real log ψ (ψ > 0): right for a Hamiltonian without a sign problem, whose ground
-    # state is positive (Perron-Frobenius); half the log-derivatives, a 4x cheaper minSR solve
-    positive: bool = option(False, boolean())
-    # ψ(x) = s(x) ψ_ViT(x) with the fixed sign s(x) = (−1)^(up spins on the marked cells):
-    # cells of odd n_x (stripes_x), odd n_y (stripes_y) or odd n_x + n_y (stripes_xy; the
-    # Marshall sign on the square lattice). The network then learns the sign structure
-    # relative to s; on the frustrated triangular 6x4 without it the ViT settled in the first
-    # excited singlet (95% overlap), with stripes_x it did not (results/accuracy.md)
-    sign_prior: str = option("none", choice(*SIGN_PRIORS))
-    # a results file (.h5) of an earlier run to start from: its checkpoint's parameters (a
-    # finished run's final state) and, when they are states of this sector, its Monte Carlo
-    # chains. The network's shape must match; symmetrize and spin_flip may differ, so a
-    # cheap bare run can be finished averaged. null: random parameters
-    init_from: str | None = option(None, optional(text()), resumable=True, free_across_init=True)
+    head_init_std: float = option(
+        0.1,
+        real(positive=True),
+        free_across_init=True,
+        doc="Standard deviation of the head's complex output weights at the start: small, so "
+        "that ψ starts near uniform, but not so small that SR stalls on the uniform state (an "
+        "exact eigenstate at S^z = 0 without a sign rule).",
+        allowed="float > 0",
+    )
+    positive: bool = option(
+        False,
+        boolean(),
+        doc="A real log ψ, ψ > 0 (`vit` only): right when H has no sign problem (Heisenberg with "
+        "`sign_rule: true` and J2 ≤ 0, Bose-Hubbard with J ≥ 0), whose ground state is "
+        "positive (Perron-Frobenius); half the log-derivatives, a 4× cheaper minSR solve. "
+        "Refused for a Hamiltonian with signs.",
+        allowed="bool",
+    )
+    sign_prior: str = option(
+        "none",
+        choice(*SIGN_PRIORS),
+        doc="Multiply ψ by the fixed sign (−1)^(up spins on the marked cells): cells of odd n_x, "
+        "odd n_y or odd n_x + n_y (`stripes_xy` is the Marshall sign on the square lattice); the "
+        "network learns the sign structure relative to it. A complex ViT of spins only; needs an "
+        "even extent along a periodic marked axis. Measured on the triangular 6×4 in "
+        "results/accuracy.md.",
+        allowed="`none` | `stripes_x` | `stripes_y` | `stripes_xy`",
+    )
+    init_from: str | None = option(
+        None,
+        optional(text()),
+        resumable=True,
+        free_across_init=True,
+        doc="Start from another run's results file: its checkpoint's parameters (a finished "
+        "run's final state) and, when they are states of this sector, its Monte Carlo chains. "
+        "The network must have the same shape (the keys marked `init_from` may differ); a "
+        "factored, translation-invariant ViT without Jastrow may come from another size of the "
+        "same lattice kind (`models/transfer.py`). `--resume` ignores it: the checkpoint wins. "
+        "null: random parameters.",
+        allowed="path of a results file (`.h5`), or null",
+    )
 
 
 @dataclass
 class SamplerConfig(Section):
     prefix = "sampler."
 
-    kind: str = option("metropolis", choice(*SAMPLER_KINDS))
-    n_samples: int = option(1024, integer(1))
-    n_chains: int = option(256, integer(1))
-    sweep_size: int | None = option(None, optional(integer(1)))
-    n_discard: int = option(16, integer(0))
-    rule: str = option("auto", choice(*RULES))
-    # memory only: a run killed for memory resumes with a smaller chunk
-    chunk_size: int | None = option(None, optional(integer(1)), resumable=True)
-    # precision of the network copy the Metropolis chains run on (null: the model's dtype);
-    # the samples' log ψ, local energies, gradients and SR keep the model's dtype
-    # (sampler.py). float32 by default: a float64 ViT's forward passes cost twice as much,
-    # and the chains' |ψ|² moves by ~1e-6 relative, far below any sampling error
-    dtype: str | None = option("float32", optional(choice(*DTYPES)), resumable=True)
-    # precision of the network copy that evaluates the connected configurations in the
-    # training steps' local energies (null: the model's dtype). The samples' log ψ, the sums,
-    # gradients, SR and the final energy keep the model's dtype (models/precision.py)
-    local_energy_dtype: str | None = option(None, optional(choice(*DTYPES)), resumable=True)
-    # the chains sample |ψ|^machine_pow; each sample is weighted by |ψ|^(2 − machine_pow), so
-    # energies, gradients and S remain those of |ψ|²: below 2, a peaked |ψ|² (a Mott
-    # insulator) is sampled more evenly. The final energy samples |ψ|² itself (Metropolis only)
-    machine_pow: float = option(2.0, real(positive=True))
-    # Metropolis chains on the network under model.symmetrize / model.spin_flip, not on the
-    # average itself: each proposal costs one forward pass instead of one per symmetry copy,
-    # and every kept sample x is weighted by |ψ_sym(x)|²/|φ(x)|^machine_pow, so energies,
-    # gradients and S stay those of |ψ_sym|². The final measurement samples |ψ|² itself
-    bare_chains: bool = option(False, boolean())
-    # on a sector with no more states than a step's sampling makes proposals, the chains walk
-    # it by table look-up: one forward pass over the sector instead of one per proposal step,
-    # the same chains from the same random numbers (vmc/sector_walk.py). false: never
-    sector_table: bool = option(True, boolean(), resumable=True)
-    # the chains' forward passes through torch.compile (vit models; models/compiled.py):
-    # sampling 1.2-1.7x faster on the per-proposal path (float32, one core, 12 to 64 sites);
-    # the first pass compiles (11-22 s, 3-5 s from torch's on-disk cache), so off by default
-    compile: bool = option(False, boolean(), resumable=True)
-    # stop a run whose Metropolis acceptance has been 0 for this many steps in a row: every
-    # chain is frozen on its configuration (a collapsed state); null: never stop
-    max_frozen_steps: int | None = option(50, optional(integer(1)), resumable=True, runtime=True)
-    # full_sum only: sum over one state per orbit of the model's symmetries (translations,
-    # rotations and reflections, spin inversion), weighted by the orbit's size: the same
-    # sums at a fraction of the cost
-    sum_over_orbits: bool = option(True, boolean())
+    kind: str = option(
+        "metropolis",
+        choice(*SAMPLER_KINDS),
+        doc="`metropolis`: Markov chains on |ψ|²; `full_sum`: exact sums over the sector (at "
+        "most 200,000 states) for the steps and the final measurement, without error bars.",
+        allowed="`metropolis` | `full_sum`",
+    )
+    n_samples: int = option(
+        1024,
+        integer(1),
+        doc="Samples per step over all chains; a multiple of `n_chains`.",
+        allowed="int ≥ 1",
+    )
+    n_chains: int = option(
+        256,
+        integer(1),
+        doc="Metropolis chains run side by side; they persist across steps. As many chains as "
+        "samples (one sample each, a small `n_discard`) gives independent samples for a few "
+        "sweeps of one large batch.",
+        allowed="int ≥ 1",
+    )
+    sweep_size: int | None = option(
+        None,
+        optional(integer(1)),
+        doc="Proposals per chain between kept samples. null: the number of sites.",
+        allowed="int ≥ 1, or null",
+    )
+    n_discard: int = option(
+        16,
+        integer(0),
+        doc="Sweeps each chain makes after each update before it keeps samples.",
+        allowed="int ≥ 0",
+    )
+    rule: str = option(
+        "auto",
+        choice(*RULES),
+        doc="The Metropolis move: swap the spins of a bond (`exchange`) or of any up-down pair "
+        "(`exchange_global`), or hop a boson along a bond (`hop`). `auto`: `exchange` for spins, "
+        "`hop` for bosons.",
+        allowed="`auto` | `exchange` | `exchange_global` | `hop`",
+    )
+    chunk_size: int | None = option(
+        None,
+        optional(integer(1)),
+        resumable=True,
+        escape_hatch=True,
+        doc="Samples per chunk in local energies and log-derivatives: bounds memory and changes "
+        "nothing else, so a run killed for memory resumes with a smaller one. null: chunks of at "
+        "most 262,144 connected configurations and forward passes of at most 16,384.",
+        allowed="int ≥ 1, or null",
+    )
+    dtype: str | None = option(
+        "float32",
+        optional(choice(*DTYPES)),
+        resumable=True,
+        escape_hatch=True,
+        doc="Precision of the network copy the Metropolis chains run on; the samples' log ψ, "
+        "local energies, gradients and SR keep the model's `dtype`. float32 chains cost about "
+        "half a float64 model's and move |ψ|² by ~1e-6 relative, far below any sampling error "
+        "(results/performance.md). null: the model's `dtype`.",
+        allowed="`float32` | `float64`, or null",
+    )
+    local_energy_dtype: str | None = option(
+        None,
+        optional(choice(*DTYPES)),
+        resumable=True,
+        doc="Precision of the network copy that evaluates the connected configurations in the "
+        "training steps' local energies; the samples' log ψ, the sums, gradients, SR and the "
+        "final energy keep the model's `dtype` (`models/precision.py`). float32 for a float64 "
+        "model makes local energies ~2× cheaper and moves a step's energy by ~1e-6 relative: "
+        "for goals far above 1e-7 (results/accuracy.md). null: the model's `dtype`. Metropolis "
+        "only.",
+        allowed="`float32` | `float64`, or null",
+    )
+    machine_pow: float = option(
+        2.0,
+        real(positive=True),
+        doc="The chains sample |ψ|^machine_pow and weight each sample by |ψ|^(2 − machine_pow), "
+        "so energies, gradients and S remain those of |ψ|². Below 2 a peaked |ψ|² (a Mott "
+        "insulator, a frustrated chain) is sampled more evenly, at more distinct samples per "
+        "step (results/accuracy.md). The final measurement samples |ψ|². Metropolis only.",
+        allowed="float > 0",
+    )
+    bare_chains: bool = option(
+        False,
+        boolean(),
+        doc="Run the Metropolis chains on the network φ inside `model.symmetrize` / "
+        "`model.spin_flip`, not on the average ψ_sym: one forward pass per proposal instead of "
+        "one per copy; each sample is weighted by |ψ_sym|²/|φ|^machine_pow, so energies, "
+        "gradients and S stay those of |ψ_sym|². Efficient while φ is not far from symmetric "
+        "(watch the energy's error bar). The final measurement samples |ψ|². Metropolis only.",
+        allowed="bool",
+    )
+    sector_table: bool = option(
+        True,
+        boolean(),
+        resumable=True,
+        escape_hatch=True,
+        doc="On a sector with no more states than a step's sampling makes proposals, the chains "
+        "walk it by table look-up: one forward pass over the sector instead of one per "
+        "proposal step, the same chains from the same random numbers (`vmc/sector_walk.py`). "
+        "On a sector no larger than the kept samples the local energies come from the table "
+        "too (`sampler.local_energy_dtype` then does nothing). false: a forward pass per "
+        "proposal step always. Not for `rule: exchange_global`.",
+        allowed="bool",
+    )
+    compile: bool = option(
+        False,
+        boolean(),
+        resumable=True,
+        doc="The chains' forward passes go through `torch.compile` (vit models; "
+        "`models/compiled.py`): sampling 1.2–1.7× faster on one core, after a first pass that "
+        "compiles for 11–22 s (3–5 s from torch's on-disk cache), hence off by default "
+        "(results/performance.md). Without a working C++ compiler the chains run eager, with "
+        "a warning.",
+        allowed="bool",
+    )
+    max_frozen_steps: int | None = option(
+        50,
+        optional(integer(1)),
+        resumable=True,
+        runtime=True,
+        escape_hatch=True,
+        doc="Stop the run (status `failed`, checkpoint kept, exit 2) once the Metropolis "
+        "acceptance has been 0 for this many steps in a row: every chain is frozen, the state "
+        "has collapsed (a sector of one state is exempt). null: never stop for it (the final "
+        "measurement still fails a collapsed state).",
+        allowed="int ≥ 1, or null",
+    )
+    sum_over_orbits: bool = option(
+        True,
+        boolean(),
+        doc="`full_sum` only: sum over one state per orbit of the model's symmetries "
+        "(translations, rotations and reflections, spin inversion), weighted by the orbit's "
+        "size: the same sums at a fraction of the cost. The final measurement sums over every "
+        "state.",
+        allowed="bool",
+    )
 
 
 @dataclass
 class OptimizerConfig(Section):
     prefix = "optimizer."
 
-    method: str = option("auto", choice(*METHODS))
-    # learning rate and diagonal shift: a number, or {schedule: exponential | cosine, start,
-    # end} over n_iter or max_seconds, whichever ends first
-    lr: Any = option(0.01, schedule(positive=True), resumable=True)
-    diag_shift: Any = option(1.0e-3, schedule(minimum=0.0), resumable=True)
-    n_iter: int = option(300, integer(1), resumable=True)
-    # wall-clock budget of the optimisation loop in seconds (null: none); schedules run over
-    # n_iter or over this budget, whichever ends first, so a budgeted run ends its schedule
-    max_seconds: float | None = option(None, optional(real(positive=True)), resumable=True)
-    # the final state is the mean of the parameters measured after this fraction of the run
-    # (of n_iter or of max_seconds): Polyak averaging of SR's noisy iterates (null: off)
-    average_from: float | None = option(None, optional(real(minimum=0.0, maximum=1.0)))
-    # SPRING (Goldshlager et al. 2024): the natural gradient regularised towards momentum ×
-    # the last direction instead of towards zero, so what the samples of one step cannot
-    # resolve is carried over from the steps before (null: plain SR / minSR)
-    momentum: float | None = option(None, optional(real(minimum=0.0, maximum=0.999)))
-    # start the hamiltonian's couplings at these values, e.g. {U: 3.3}, and move them linearly
-    # to the hamiltonian section's over the first anneal_until of the run (of n_iter or of
-    # max_seconds): the ground state is followed from where it is easy to find (null: off)
-    anneal_from: dict | None = option(None, optional(real_mapping("{U: 3.3}")))
-    anneal_until: float | None = option(None, optional(real(positive=True, maximum=1.0)))
+    method: str = option(
+        "auto",
+        choice(*METHODS),
+        doc="The update: stochastic reconfiguration (`sr`), its kernel form (`minsr`: the same "
+        "update from a samples × samples solve), or `adam`. `auto`: `sr` or `minsr`, whichever "
+        "matrix is smaller.",
+        allowed="`auto` | `sr` | `minsr` | `adam`",
+    )
+    lr: Any = option(
+        0.01,
+        schedule(positive=True),
+        resumable=True,
+        doc="Learning rate η: θ ← θ − η·δθ. A schedule moves it from `start` to `end` over "
+        "`n_iter`, or over `max_seconds` when the budget ends first.",
+        allowed="float > 0, or `{schedule: exponential | cosine, start, end}`",
+    )
+    diag_shift: Any = option(
+        1.0e-3,
+        schedule(minimum=0.0),
+        resumable=True,
+        doc="λ added to the diagonal of S (or of the minSR kernel); a schedule as for `lr`.",
+        allowed="float ≥ 0, or `{schedule: exponential | cosine, start, end}`",
+    )
+    n_iter: int = option(
+        300, integer(1), resumable=True, doc="Optimisation steps.", allowed="int ≥ 1"
+    )
+    max_seconds: float | None = option(
+        None,
+        optional(real(positive=True)),
+        resumable=True,
+        doc="Wall-clock budget of the optimisation loop in seconds, counted across resumes: the "
+        "run stops after the step that spends it and measures the final state. Schedules run "
+        "over `n_iter` or this budget, whichever ends first. null: no budget.",
+        allowed="float > 0, or null",
+    )
+    average_from: float | None = option(
+        None,
+        optional(real(minimum=0.0, maximum=1.0)),
+        doc="The final state is the mean of the parameters after this fraction of the run (of "
+        "`n_iter` or `max_seconds`): Polyak averaging of the noisy iterates. null: the last "
+        "parameters.",
+        allowed="float in [0, 1], or null",
+    )
+    momentum: float | None = option(
+        None,
+        optional(real(minimum=0.0, maximum=0.999)),
+        doc="SPRING (Goldshlager, Abrahamsen & Lin 2024): the natural gradient is regularised "
+        "towards this × the last direction instead of towards zero, so what one step's samples "
+        "barely resolve is averaged over steps (results/accuracy.md). Needs `diag_shift` > 0; "
+        "not with `adam`. null: plain SR / minSR.",
+        allowed="float in [0, 0.999], or null",
+    )
+    anneal_from: dict | None = option(
+        None,
+        optional(real_mapping("{U: 3.3}")),
+        doc="Start the Hamiltonian's couplings (Heisenberg `J1`, `J2`; Bose-Hubbard `J`, `U`, "
+        "`mu`) at these values and move them linearly to the hamiltonian section's over the "
+        "first `anneal_until` of the run: the ground state is followed from where it is easy "
+        "to find. The final energy is always the config's Hamiltonian's. null: no annealing.",
+        allowed="mapping of couplings to numbers, e.g. `{U: 3.3}`, or null",
+    )
+    anneal_until: float | None = option(
+        None,
+        optional(real(positive=True, maximum=1.0)),
+        doc="The fraction of the run (of `n_iter` or `max_seconds`) over which `anneal_from` "
+        "reaches the config's couplings; required with it, and `average_from` must not start "
+        "before it. null: with no `anneal_from`.",
+        allowed="float in (0, 1], or null",
+    )
 
 
 @dataclass
 class ExactConfig(Section):
     prefix = "exact."
 
-    enabled: Any = option("auto", choice("auto", True, False), resumable=True)
-    max_dim: int = option(5_000_000, integer(1), resumable=True)
+    enabled: Any = option(
+        "auto",
+        choice("auto", True, False),
+        resumable=True,
+        escape_hatch=True,
+        doc="The exact reference. `auto`: ED when the sector has at most `max_dim` states, else "
+        "a reference past ED where one exists (`physics/reference.py`: the Bethe ansatz ring, "
+        "published 6×6 energies); true: ED, an error above `max_dim`; false: no reference.",
+        allowed="`auto` | true | false",
+    )
+    max_dim: int = option(
+        5_000_000,
+        integer(1),
+        resumable=True,
+        escape_hatch=True,
+        doc="Largest sector (in states) to diagonalise.",
+        allowed="int ≥ 1",
+    )
 
 
 @dataclass
 class FinalConfig(Section):
     prefix = "final."
 
-    n_samples: int = option(8192, integer(1), resumable=True)
-    # measure the final energy of ψ averaged over the lattice translations (a k = 0 projection),
-    # or over the space group (translations after rotations and reflections)
-    symmetrize: str = option("none", choice(*SYMMETRIZE), resumable=True)
-    # and over spin inversion, projecting on this eigenvalue (S^z = 0 spins only; 0: off):
-    # for a model trained without model.spin_flip, whose sector is known
-    spin_flip: int = option(0, choice(*SPIN_FLIPS), resumable=True)
-    # sweeps each chain makes before the final measurement keeps a sample. The final state is
-    # another distribution than the steps sampled (|ψ|² instead of |ψ|^machine_pow, averaged
-    # parameters, a symmetrized ψ, the last update): chains started in the old one bias the
-    # energy upward until they forget it. null: as many sweeps as each chain then keeps
-    # (final.n_samples / sampler.n_chains), at least sampler.n_discard
-    n_discard: int | None = option(None, optional(integer(0)), resumable=True)
-    # samples the final observables (spin correlations and S(q), densities, the one-body
-    # density matrix) use: the first of each chain. They cost about as much per sample as the
-    # energy and need far fewer. null: all of final.n_samples
-    n_samples_observables: int | None = option(None, optional(integer(1)), resumable=True)
+    n_samples: int = option(
+        8192,
+        integer(1),
+        resumable=True,
+        doc="Samples of the final energy and observables.",
+        allowed="int ≥ 1",
+    )
+    symmetrize: str = option(
+        "none",
+        choice(*SYMMETRIZE),
+        resumable=True,
+        doc="Measure the final energy of ψ averaged over the lattice translations (projected "
+        "on `model.momentum`) or over the space group, as `model.symmetrize` does: for a model "
+        "trained without it. A model trained with `model.spin_flip` keeps that projection.",
+        allowed="`none` | `translations` | `space_group`",
+    )
+    spin_flip: int = option(
+        0,
+        choice(*SPIN_FLIPS),
+        resumable=True,
+        doc="Also project the final state on this eigenvalue of global spin inversion (spins at "
+        "S^z = 0 only), for a model trained without `model.spin_flip`. A singlet of N spins "
+        "has (−1)^(N/2), +1 under `hamiltonian.sign_rule`; a value that contradicts this is "
+        "refused for J1 > 0. 0: no projection.",
+        allowed="0 | 1 | -1",
+    )
+    n_discard: int | None = option(
+        None,
+        optional(integer(0)),
+        resumable=True,
+        doc="Sweeps each chain makes before the final measurement keeps samples: the final ψ is "
+        "another distribution than the steps sampled (|ψ|², averaged parameters, a symmetrized "
+        "ψ, the last update), and chains that have not forgotten the old one bias the energy "
+        "upward. null: as many as each chain then keeps (`final.n_samples / sampler.n_chains`), "
+        "at least `sampler.n_discard`. The value used is stored as `final/n_discard`.",
+        allowed="int ≥ 0, or null",
+    )
+    n_samples_observables: int | None = option(
+        None,
+        optional(integer(1)),
+        resumable=True,
+        doc="Samples the final observables (spin correlations and S(q); densities and the "
+        "one-body density matrix) use: the first of each chain. They cost about as much per "
+        "sample as the energy and need far fewer. null: all of `final.n_samples`.",
+        allowed="int ≥ 1, or null",
+    )
 
 
 @dataclass
 class OutputConfig(Section):
     prefix = "output."
 
-    dir: str = option("results", text(), resumable=True, runtime=True)
-    checkpoint_every: int = option(25, integer(1), resumable=True, runtime=True)
+    dir: str = option(
+        "results",
+        text(),
+        resumable=True,
+        runtime=True,
+        escape_hatch=True,
+        doc="Folder of the results files (`<dir>/<name>.h5`).",
+        allowed="folder path",
+    )
+    checkpoint_every: int = option(
+        25,
+        integer(1),
+        resumable=True,
+        runtime=True,
+        escape_hatch=True,
+        doc="Steps between checkpoints (one is also written after the last step and on Ctrl-C "
+        "or SIGTERM).",
+        allowed="int ≥ 1",
+    )
 
 
 @dataclass
 class DistributedConfig(Section):
     prefix = "distributed."
 
-    # seconds a rank waits for the others in one collective (a step's sums, rank 0's ED and
-    # file writes) before the run stops: a rank that died or hangs ends the job, instead of
-    # the others waiting torch's default 30 minutes. Raise it for steps or EDs that take longer
     timeout: float = option(
-        600.0, real(positive=True, maximum=MAX_TIMEOUT), resumable=True, runtime=True
+        600.0,
+        real(positive=True, maximum=MAX_TIMEOUT),
+        resumable=True,
+        runtime=True,
+        escape_hatch=True,
+        doc="Seconds a rank waits for the others in one collective (a step's sums, rank 0's ED "
+        "and file writes) before the run stops: a rank that died or hangs ends the job instead "
+        "of torch's 30-minute wait. Raise it where one step or the ED takes longer.",
+        allowed="float, 0 < t ≤ 1e7",
     )
 
 
@@ -561,12 +941,46 @@ _HAMILTONIANS = {"heisenberg": HeisenbergConfig, "bose_hubbard": BoseHubbardConf
 
 @dataclass
 class Config(Section):
-    name: str | None = option(None, optional(file_name()), resumable=True, runtime=True)
-    seed: int = option(0, integer(0, 2**63 - 1))  # the sampler seeds a generator with seed + 1
-    device: str = option("auto", device_name(), resumable=True, runtime=True)
-    dtype: str = option("float64", choice(*DTYPES))
+    name: str | None = option(
+        None,
+        optional(file_name()),
+        resumable=True,
+        runtime=True,
+        doc="The run's name: results go to `<output.dir>/<name>.h5`. null: the config file's "
+        "name without `.yaml`.",
+        allowed="plain file name (≤ 200 bytes, no `/`, no leading `.`), or null",
+    )
+    seed: int = option(
+        0,
+        integer(0, 2**63 - 1),
+        doc="Seeds the initial parameters; the sampler seeds its generator with seed + 1.",
+        allowed="int, 0 ≤ seed < 2^63",
+    )
+    device: str = option(
+        "auto",
+        device_name(),
+        resumable=True,
+        runtime=True,
+        escape_hatch=True,
+        doc="Where the run computes. `auto`: CUDA when present, else the CPU.",
+        allowed="`auto` | `cpu` | `cuda` | `cuda:<index>`",
+    )
+    dtype: str = option(
+        "float64",
+        choice(*DTYPES),
+        escape_hatch=True,
+        doc="Precision of the network's parameters, and of log ψ, energies and gradients. The "
+        "natural-gradient solve is float64-accurate either way (`vmc/sr.py`).",
+        allowed="`float64` | `float32`",
+    )
     threads: int | None = option(
-        None, optional(integer(1, MAX_THREADS)), resumable=True, runtime=True
+        None,
+        optional(integer(1, MAX_THREADS)),
+        resumable=True,
+        runtime=True,
+        escape_hatch=True,
+        doc="torch's CPU threads. null: torch's default.",
+        allowed="int 1–4096, or null",
     )
     lattice: LatticeConfig | None = None  # required, as is the hamiltonian
     hamiltonian: HeisenbergConfig | BoseHubbardConfig | None = None
