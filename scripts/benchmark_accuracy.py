@@ -136,7 +136,7 @@ def machine() -> str:
 def run_vitqs(config_path: Path, overrides: dict, name: str, rows_dir: Path) -> dict:
     """Runs one config with overrides; returns the table row and the error-vs-time curve."""
     from vitqs.config import load
-    from vitqs.run import run_config
+    from vitqs.runner import run_config
 
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
     config = load(config_path, [*sets, f"name={name}", f"output.dir={rows_dir}"])
@@ -163,7 +163,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
     from vitqs.config import from_dict
     from vitqs.physics.reference import EXACT_DIAGONALIZATION, reference_energy
     from vitqs.results import read_results, relative_error
-    from vitqs.run import summary as run_summary
+    from vitqs.runner import summary as run_summary
 
     record = read_results(results_file)
     if record.status != "finished":

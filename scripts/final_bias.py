@@ -26,7 +26,7 @@ import torch
 from vitqs import results
 from vitqs.build import build_network, build_sampler
 from vitqs.report import enumerable_run, enumerated_energy, final_model
-from vitqs.run import final_discard
+from vitqs.runner import final_discard
 from vitqs.vmc.estimators import sample_statistics
 from vitqs.vmc.sr import set_parameter_vector
 

@@ -150,7 +150,7 @@ def _reductions(out_dir: Path) -> None:
 
 def _run(config_path: str, out_dir: Path) -> None:
     from vitqs.config import load
-    from vitqs.run import run_config
+    from vitqs.runner import run_config
 
     config = load(config_path)
     run_config(config, overwrite=True, progress=False)
@@ -182,7 +182,7 @@ def _poison_rank_1(at_call: int = 3) -> None:
 
 def _remember_build():
     """Keeps the model and sampler that ``run_config`` builds, to save them afterwards."""
-    import vitqs.run as run_module
+    import vitqs.runner as run_module
 
     build = run_module.build_vmc
 

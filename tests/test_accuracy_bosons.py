@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from vitqs.config import load
-from vitqs.run import run_config
+from vitqs.runner import run_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs/benchmarks/bose_hubbard_chain8_U3.3.yaml"
 

@@ -88,7 +88,7 @@ CRAFTS = {
 def finished_run(tmp_path_factory):
     """A real finished run of the tiny ring: its config path and results file."""
     from vitqs.config import from_dict
-    from vitqs.run import run_config
+    from vitqs.runner import run_config
 
     root = tmp_path_factory.mktemp("finished")
     data = tiny_heisenberg(root / "out")

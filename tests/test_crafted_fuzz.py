@@ -50,7 +50,7 @@ def world(tmp_path_factory):
     """A finished tiny run, the foreign files, and each door's peak memory on the genuine
     file."""
     from vitqs.config import from_dict
-    from vitqs.run import run_config
+    from vitqs.runner import run_config
 
     root = tmp_path_factory.mktemp("fuzz")
     data = tiny_heisenberg(root / "finished", final={"n_samples": 64})

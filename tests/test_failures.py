@@ -30,9 +30,9 @@ from helpers import (
 )
 
 from vitqs import results
-from vitqs import run as run_module
+from vitqs import runner as run_module
 from vitqs.config import from_dict
-from vitqs.run import run_config
+from vitqs.runner import run_config
 
 N_ITER, EVERY = 12, 3
 SECTIONS = {"optimizer": {"n_iter": N_ITER}, "output": {"checkpoint_every": EVERY}}

@@ -15,7 +15,7 @@ from vitqs.config import ConfigError, from_dict, singlet_spin_flip
 from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
-from vitqs.run import final_discard, run_config
+from vitqs.runner import final_discard, run_config
 from vitqs.vmc.estimators import statistics
 from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
 

@@ -14,7 +14,7 @@ from vitqs.models.symmetrize import coset_translations
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.physics.symmetry import sector_orbits
-from vitqs.run import run_config
+from vitqs.runner import run_config
 from vitqs.vmc.estimators import statistics
 from vitqs.vmc.sampler import ExactSampler
 from vitqs.vmc.sr import log_derivatives, natural_gradient

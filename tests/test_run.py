@@ -33,7 +33,7 @@ from helpers import (
 from vitqs import results
 from vitqs.config import from_dict
 from vitqs.results import EXACT_FIELDS, FINAL_FIELDS, HISTORY_FIELDS
-from vitqs.run import run_config
+from vitqs.runner import run_config
 
 SUMMARY_KEYS = {
     "name",
@@ -539,7 +539,7 @@ def _collapsed_jastrow_run(tmp_path, max_frozen_steps):
 
 
 def test_a_run_whose_chains_freeze_stops_with_a_checkpoint(tmp_path):
-    from vitqs.run import RunStopped
+    from vitqs.runner import RunStopped
 
     config, parameters = _collapsed_jastrow_run(tmp_path, 3)
     with pytest.raises(RunStopped, match=r"no move for 3 steps .*max_frozen_steps=3"):
@@ -765,7 +765,7 @@ def test_the_results_file_is_locked_before_ed_runs(tmp_path, capsys, monkeypatch
     # the lock once came after ED: a second run could claim the name in between
     import fcntl
 
-    from vitqs import run as run_module
+    from vitqs import runner as run_module
 
     solve = run_module.exact.ground_state
     seen = []

@@ -21,7 +21,7 @@ from vitqs.report import (
     spectral_weights,
     state_energy,
 )
-from vitqs.run import run_config
+from vitqs.runner import run_config
 
 
 def _dense_energy(model, hamiltonian, group) -> float:

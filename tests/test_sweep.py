@@ -24,7 +24,7 @@ from vitqs.build import build_hamiltonian
 from vitqs.config import from_dict
 from vitqs.physics import exact
 from vitqs.physics.observables import condensate_fraction, exact_one_body_density_matrix
-from vitqs.run import run_config
+from vitqs.runner import run_config
 
 
 def _write_sweep(tmp_path, **spec):

@@ -1,7 +1,7 @@
 """Speed of one VMC step, split by phase: what ``vitqs bench speed`` and ``bench_step.py`` print.
 
 `time_steps` builds the config's Hamiltonian, network, sampler and optimizer through the same
-``vitqs.run`` builders a real run uses (so it times exactly what ``vitqs run`` executes), runs
+``vitqs.runner`` builders a real run uses (so it times exactly what ``vitqs run`` executes), runs
 warm-up steps, then times ``n_iter`` steps of ``VMC.step``. Phases come from the step's own
 ``timings`` (``sampling``, ``local_energy``, ``jacobian``, ``solve``); ``other`` is the rest of
 the wall time of the step (statistics, parameter copies, the update). No files are written and

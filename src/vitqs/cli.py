@@ -116,7 +116,7 @@ def _finite(value):
 def _cmd_run(args) -> int:
     from vitqs import distributed
     from vitqs.build import resolve_device
-    from vitqs.run import run_config
+    from vitqs.runner import run_config
 
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
@@ -273,7 +273,7 @@ _COMMANDS = {
 def _failures():
     """Returns the run's exception classes; imported late (torch loads with them)."""
     from vitqs.distributed import CollectiveFailed
-    from vitqs.run import RunInterrupted, RunStopped
+    from vitqs.runner import RunInterrupted, RunStopped
 
     return RunInterrupted, RunStopped, CollectiveFailed
 

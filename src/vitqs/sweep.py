@@ -32,7 +32,7 @@ from vitqs.distributed import is_root
 from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
 from vitqs.plots import plot_sweep
 from vitqs.report import markdown_table
-from vitqs.run import initial_state, run_config
+from vitqs.runner import initial_state, run_config
 from vitqs.workfile import pending_path
 from vitqs.yamlfile import read_yaml, set_dotted
 

@@ -2,7 +2,7 @@
 
 A callback is called as ``callback(vmc, result)`` after every step; it returns True to end
 the loop after the step, or raises to stop the run. The shell's callbacks (the results file,
-checkpoints, signals, the progress bar) are in `vitqs.run`.
+checkpoints, signals, the progress bar) are in `vitqs.runner`.
 """
 
 from __future__ import annotations

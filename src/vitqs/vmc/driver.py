@@ -3,7 +3,7 @@
 Each step: sample ``|ψ|²`` → local energies → statistics → log-derivatives → SR / minSR
 solve (or Adam) → ``θ ← θ − η g``. The loop owns what changes between steps (progress,
 budget, annealing); loggers, checkpoints, signals and progress bars live
-outside, as callbacks of `VMC.run` (`vitqs.vmc.callbacks`, `vitqs.run`).
+outside, as callbacks of `VMC.run` (`vitqs.vmc.callbacks`, `vitqs.runner`).
 
 NaN guard: a step whose samples' log ψ (on any rank) or energy is not finite undoes the
 previous update (the parameters return to where the energy was last finite); one whose
