@@ -13,12 +13,12 @@ from vitqs import results
 from vitqs.build import build_hamiltonian, build_network
 from vitqs.config import from_dict
 from vitqs.models import Symmetrized
+from vitqs.physics.lanczos import spectral_weights
 from vitqs.physics.lattice import Lattice
 from vitqs.report import (
     by_level,
     by_probability,
     infidelity_by_probability,
-    spectral_weights,
     state_energy,
 )
 from vitqs.runner import run_config

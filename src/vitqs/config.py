@@ -137,6 +137,19 @@ def choice(*options):
     return check
 
 
+def pbc_per_axis(pbc, ndim: int, kind: str = "square") -> tuple[bool, ...]:
+    """Returns ``pbc`` (one bool, or one per axis) as one bool per axis; a ladder's single
+    bool is along its legs, across them it is open."""
+    if not isinstance(pbc, (list, tuple)):  # one bool (Python's or numpy's) for every axis
+        if kind == "ladder":
+            return (bool(pbc), False)
+        return (bool(pbc),) * ndim
+    pbc = tuple(bool(p) for p in pbc)
+    if len(pbc) != ndim:
+        raise ValueError(f"lattice.pbc={list(pbc)} must be a bool or a list of {ndim} bools")
+    return pbc
+
+
 def default_lattice_kind(shape) -> str:
     """Returns the kind of a lattice without ``kind``: a chain for one extent, else a square."""
     return "chain" if len(shape) == 1 else "square"
@@ -1261,8 +1274,6 @@ def _check_momentum_sector(config: Config) -> None:
     momentum, model = config.model.momentum, config.model
     if not momentum or not any(momentum):
         return
-    from vitqs.physics.lattice import pbc_per_axis  # physics imports this module
-
     lattice = config.lattice
     shape = list(lattice.shape)
     if len(momentum) != len(shape):

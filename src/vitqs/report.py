@@ -25,6 +25,7 @@ from vitqs.config import from_dict
 from vitqs.errors import first_line
 from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
 from vitqs.physics import exact
+from vitqs.physics.lanczos import spectral_weights
 from vitqs.physics.symmetry import ground_state_sector
 from vitqs.plots import plot_run
 from vitqs.results import SUMMARY_COLUMNS, ResultsError, read_results, summary_row
@@ -278,59 +279,6 @@ def by_level(path: Path, max_dim: int, symmetrize: str | None = None, n_levels: 
         "ground_weight": ground,
         "above": 1.0 - sum(row[3] for row in rows),
     }
-
-
-def spectral_weights(matrix, psi: np.ndarray, max_steps: int = 200, max_bytes: float = 2e9):
-    """Returns ``[(E, w, v)]``, ascending in ``E``: the levels of the Hermitian ``matrix`` that
-    the normalised ``psi`` has weight in, ``w = |P_E ψ|²``, and ``v = P_E ψ / |P_E ψ|``, for
-    each level that Lanczos from ``psi`` resolved (residual below 1e-8 of the spectrum's
-    scale; weights below 1e-6 dropped).
-
-    Lanczos with full reorthogonalisation, at most ``max_steps`` steps and ``max_bytes`` of
-    Krylov vectors: the Ritz values are the levels ψ sees and ``|s_j[0]|²`` their weights.
-    """
-    n = len(psi)
-    steps = int(min(max_steps, n, max(2, max_bytes // (16 * n))))
-    basis = np.zeros((steps, n), dtype=np.complex128)
-    alpha, beta = np.zeros(steps), np.zeros(steps)
-    basis[0] = psi / np.linalg.norm(psi)
-    for j in range(steps):
-        w = matrix @ basis[j]
-        alpha[j] = np.vdot(basis[j], w).real
-        w -= basis[: j + 1].T @ (basis[: j + 1].conj() @ w)  # full reorthogonalisation
-        w -= basis[: j + 1].T @ (basis[: j + 1].conj() @ w)  # twice is enough
-        beta[j] = np.linalg.norm(w)
-        # ψ's Krylov space is exhausted: the rest of w is rounding noise, whose copies of
-        # the levels already found would show as spurious levels
-        if j + 1 == steps or beta[j] < 1e-8 * max(1.0, np.abs(alpha[: j + 1]).max()):
-            steps = j + 1
-            break
-        basis[j + 1] = w / beta[j]
-    tridiagonal = (
-        np.diag(alpha[:steps]) + np.diag(beta[: steps - 1], 1) + np.diag(beta[: steps - 1], -1)
-    )
-    ritz, vectors = np.linalg.eigh(tridiagonal)
-    scale = max(1.0, np.abs(ritz).max())
-    converged = np.abs(beta[steps - 1] * vectors[-1]) < 1e-8 * scale
-    levels = []
-    # ψ = Σ_j s_j[0] y_j over the Ritz vectors y_j; Ritz values closer than rounding are one
-    # level (an exactly degenerate level is split at 1e-15 by rounding, and Lanczos may see it)
-    for group in _clusters(ritz, 1e-8 * scale):
-        if not converged[group].any():
-            continue
-        weight = float((vectors[0, group] ** 2).sum())
-        if weight < 1e-6:
-            continue
-        part = basis[:steps].T @ (vectors[:, group] @ vectors[0, group])
-        levels.append((float(ritz[group].mean()), weight, part / np.linalg.norm(part)))
-    return levels
-
-
-def _clusters(values: np.ndarray, tolerance: float) -> list[np.ndarray]:
-    """Returns the indices of ascending ``values`` in groups whose neighbours lie within
-    ``tolerance``."""
-    edges = np.flatnonzero(np.diff(values) > tolerance) + 1
-    return np.split(np.arange(len(values)), edges)
 
 
 LOWEST_DECADE = -30  # |φ|² below 1e-29 (or 0) share one row

@@ -6,9 +6,10 @@ inversion), `precision` (a network's float32 copy), `cache` (tensors derived fro
 kept between forward passes without gradients) and `build` (`build_model` from the ``model``
 section).
 
-May import: torch, einops, numpy, and from vitqs only the base (`config` for the option
-vocabulary and defaults). Lattices come in as plain objects with ``shape``, ``pbc`` and
-translation tables; nothing of `physics`, `vmc` or the shell is imported.
+May import: torch, einops, numpy, the base (`config` for the option vocabulary and
+defaults) and, from `physics`, the symmetry generators of a lattice (`physics.symmetry`, for
+the averages of `symmetrize`); nothing of `vmc` or the shell. Lattices come in as objects
+with ``shape``, ``pbc`` and translation tables.
 """
 
 from vitqs.models.build import build_model

@@ -34,6 +34,7 @@ import torch
 
 from vitqs import files
 from vitqs.config import ExactConfig
+from vitqs.physics.lanczos import lowest_ritz_value
 
 DEFAULT_MAX_DIM = ExactConfig.max_dim  # exact.max_dim
 _DENSE_BELOW = 400  # eigh beats Lanczos (and eigsh needs k < dim) on tiny sectors
@@ -217,30 +218,6 @@ def is_lowest(matrix, energy: float, n_steps: int = _LOWEST_CHECK_STEPS) -> bool
     start (seeded) find no Ritz value below ``energy`` (beyond rounding). Ritz values never
     fall below the lowest eigenvalue: one below ``energy`` proves it is not the lowest."""
     return lowest_ritz_value(matrix, n_steps) >= energy - _CHECK_TOLERANCE * max(1.0, abs(energy))
-
-
-def lowest_ritz_value(matrix, n_steps: int, seed: int = 1) -> float:
-    """Returns the lowest eigenvalue of the tridiagonal matrix of ``n_steps`` Lanczos steps
-    on ``matrix`` from a random start (no reorthogonalisation: a short run needs none for
-    its lowest value). Stops early where the Krylov space closes."""
-    dim = matrix.shape[0]
-    vector = np.random.default_rng(seed).normal(size=dim)
-    vector /= np.linalg.norm(vector)
-    previous, beta = np.zeros(dim), 0.0
-    alphas, betas = [], []
-    for _ in range(min(n_steps, dim)):
-        w = matrix @ vector - beta * previous
-        alpha = float(np.vdot(vector, w).real)
-        w = w - alpha * vector
-        alphas.append(alpha)
-        beta = float(np.linalg.norm(w))
-        if beta < 1e-12:
-            break
-        betas.append(beta)
-        previous, vector = vector, w / beta
-    tridiagonal = np.diag(alphas) + np.diag(betas[: len(alphas) - 1], 1)
-    tridiagonal += np.diag(betas[: len(alphas) - 1], -1)
-    return float(np.linalg.eigvalsh(tridiagonal)[0])
 
 
 def _keep_in_cache(path: Path, result: GroundState, hamiltonian) -> None:

@@ -31,7 +31,7 @@ from functools import cached_property
 
 import numpy as np
 
-from vitqs.config import LATTICE_KINDS, LatticeConfig, default_lattice_kind
+from vitqs.config import LATTICE_KINDS, LatticeConfig, default_lattice_kind, pbc_per_axis
 
 _HALF_ROOT3 = np.sqrt(3.0) / 2
 # (Bravais vectors as rows, basis offsets as rows) per kind: NetKet's geometry, so positions
@@ -53,19 +53,6 @@ _GEOMETRY = {
 _TWO_DIMENSIONAL = ("square", "ladder", "triangular", "honeycomb", "kagome")
 _ATOL = 1e-6  # positions and distances are O(1): this tells equal from different
 _REACH = 3  # cell offsets searched for the neighbours of orders 1 and 2 (any kind here)
-
-
-def pbc_per_axis(pbc, ndim: int, kind: str = "square") -> tuple[bool, ...]:
-    """Returns ``pbc`` (one bool, or one per axis) as one bool per axis; a ladder's single
-    bool is along its legs, across them it is open."""
-    if isinstance(pbc, (bool, np.bool_)):
-        if kind == "ladder":
-            return (bool(pbc), False)
-        return (bool(pbc),) * ndim
-    pbc = tuple(bool(p) for p in pbc)
-    if len(pbc) != ndim:
-        raise ValueError(f"lattice.pbc={list(pbc)} must be a bool or a list of {ndim} bools")
-    return pbc
 
 
 @dataclass(frozen=True)
