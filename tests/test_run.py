@@ -830,3 +830,19 @@ def test_a_results_file_planted_as_a_link_is_refused_before_the_run(flags, tmp_p
         assert_one_line_error(code, err, f"{name}.h5", "symbolic link")
     assert victim.read_text() == "precious" and not (tmp_path / "nowhere").exists()
     assert sorted(p.name for p in out.iterdir()) == ["dangling.h5", "tiny.h5"]
+
+
+def test_a_busy_machine_is_named_before_a_run_shares_its_cores():
+    from vitqs.runner import busy_machine
+
+    assert busy_machine(1, load=0.3, cores=2) is None  # room for one thread
+    assert busy_machine(2, load=0.0, cores=2) is None  # an idle machine takes both
+    warning = busy_machine(2, load=1.9, cores=2)  # another job computes already
+    assert "load 1.9 on 2 cores" in warning and "2 threads" in warning
+    assert busy_machine(1, load=3.0, cores=16) is None
+
+
+def test_the_progress_bar_names_the_threads(tmp_path, capsys):
+    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 2})
+    run_config(from_dict(data), progress=True)
+    assert "tiny (1 thread)" in capsys.readouterr().err

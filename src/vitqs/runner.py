@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 import time
@@ -397,8 +398,9 @@ class _Checkpoints:
 
 
 class _ProgressBar:
-    """A tqdm bar on stderr (rank 0), with the last energy, its relative error and the
-    acceptance; above it, once, what compiling the chains' network cost (sampler.compile)."""
+    """A tqdm bar on stderr (rank 0) named with the run and the threads it computes on, with
+    the last energy, its relative error and the acceptance; above it, once, a machine already
+    busy (at a terminal), and what compiling the chains' network cost (sampler.compile)."""
 
     def __init__(self, run: Run, show: bool):
         from tqdm import tqdm  # the bar is the shell's business; imported where it is used
@@ -406,14 +408,18 @@ class _ProgressBar:
         self.show, self.compile_told = show, False
         record = run.record
         self.exact_energy = record.exact["energy"] if record.exact else None
+        threads = torch.get_num_threads()
         self.bar = tqdm(
             total=run.config.optimizer.n_iter,
             initial=len(record.history),
             disable=not show,
-            desc=run.config.name,
+            desc=f"{run.config.name} ({threads} thread{'s' if threads > 1 else ''})",
             dynamic_ncols=True,
             leave=True,
         )
+        warning = busy_machine(threads) if show and sys.stderr.isatty() else None
+        if warning:
+            self.bar.write(f"vitqs run: warning: {warning}", file=sys.stderr)
 
     def __call__(self, vmc: VMC, result) -> bool:
         if self.show and not self.compile_told:
@@ -434,6 +440,28 @@ class _ProgressBar:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def busy_machine(threads: int, load: float | None = None, cores: int | None = None) -> str | None:
+    """Returns why a run of ``threads`` threads will share its cores, or None: when the
+    load average of the last minute (``load``; the system's if None) is already more than
+    the ``cores`` (the process's, if None) leave for it. Two jobs with torch's default threads
+    on 2 cores once made the quickstart 12x slower (58 s alone, 705 s beside another)."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:  # a platform without a load average
+            return None
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        cores = cores or os.cpu_count() or 1
+    if load + threads <= cores + 0.5:
+        return None
+    return (
+        f"the machine is busy (load {load:.1f} on {cores} cores) and this run computes on "
+        f"{threads} threads: they will share cores and may run several times slower (set "
+        "threads to fit what is free, or run one job at a time)"
+    )
 
 
 def _stop(run: Run, cause: str, *, status: str = "failed", resumable: bool = True):
