@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The program's name when `vitqs bench accuracy` runs this script (None: the script's own).
 PROG_VARIABLE = "VITQS_PROG"
 CONFIG_DIR = REPO / "configs" / "benchmarks"
+DEFAULT_OUTPUT = REPO / "results" / "accuracy.md"
 SYSTEMS = (
     "heisenberg_chain16",
     "heisenberg_4x4",
@@ -523,6 +524,48 @@ def render_table(rows: list[dict], label_key: str) -> str:
     return "\n".join(lines)
 
 
+HEADLINE = (
+    "system",
+    "vitqs, Monte Carlo",
+    "reference",
+    "(E − E_ref)/\\|E_ref\\|",
+    "netket, same budget",
+    "wall s (on)",
+)
+
+
+def render_headline(rows: list[dict]) -> str:
+    """Returns README's headline table: per system the final Monte Carlo estimate per site
+    with its error bar, the reference and its kind, the relative error, netket's at the same
+    budget, and the run's wall time (final measurement included). Rows measured by a full
+    sum are left out: the headline is what sampling reaches."""
+    lines = ["| " + " | ".join(HEADLINE) + " |", "|" + "---|" * len(HEADLINE)]
+    for row in rows:
+        if not str(row.get("estimator", "")).startswith("Monte Carlo"):
+            continue
+        n = row["n_sites"]
+        reference, kind = row.get("exact_energy"), "ED"
+        if reference is None and isinstance(row.get("reference"), dict):  # past ED: published
+            reference, kind = row["reference"]["energy"], row["reference"]["source"]
+        relative = row.get("relative_error")
+        if relative is None:
+            relative = row.get("reference_relative_error")
+        # rows stored before the threads column ran on one
+        threads = row.get("threads") or 1
+        where = row.get("device") or f"{threads} thread{'s' if threads > 1 else ''}"
+        netket = [p for p in row.get("peers", []) if p.get("engine") == "netket"]
+        cells = [
+            row["system"],
+            f"{row['energy'] / n:.7f} ± {row['energy_error'] / n:.1e}",
+            "" if reference is None else f"{reference / n:.7f} ({kind})",
+            _fmt(relative, "+.1e"),
+            _fmt(netket[0]["relative_error"], "+.1e") if netket else "not run",
+            f"{row['seconds']:.0f} ({where})",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_machines(rows: list[dict]) -> str:
     """Returns which CPU each row (and its netket peer) ran on, from the rows themselves:
     rows are run at different times, so the machine of the latest invocation says nothing of
@@ -587,11 +630,15 @@ def plot_curves(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(output: Path, rows_dir: Path) -> None:
-    """Renders the accuracy and ablation tables and figures from the stored rows."""
+def write_report(output: Path, rows_dir: Path, readme: Path | None = None) -> None:
+    """Renders the accuracy and ablation tables and figures from the stored rows, and the
+    headline table of ``readme`` (when given)."""
     text = output.read_text() if output.exists() else "# Accuracy against exact results\n"
     accuracy = load_rows(rows_dir, "accuracy")
     ablation = load_rows(rows_dir, "ablation")
+    if accuracy and readme is not None and readme.exists():
+        headline = replace_block(readme.read_text(), "headline", render_headline(accuracy))
+        _write_atomic(readme, headline)
     if accuracy:
         text = replace_block(text, "accuracy-table", render_table(accuracy, "system"))
         text = replace_block(text, "goals-table", render_goals(accuracy))
@@ -812,7 +859,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ablation-label", default=None, help="system name in the table")
     parser.add_argument("--variants", nargs="*", default=None, help="ablation labels to run")
     parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for the ablation")
-    parser.add_argument("--output", type=Path, default=REPO / "results" / "accuracy.md")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--rows-dir", type=Path, default=REPO / "results" / "benchmarks")
     parser.add_argument("--report-only", action="store_true", help="re-render from stored rows")
     parser.add_argument(
@@ -860,7 +907,9 @@ def main(argv=None) -> int:
         table = "ablation" if args.ablation else "accuracy"
         systems = None if args.ablation else set(args.systems)  # default: every system
         enumerate_rows(args.rows_dir, table, args.max_dim, systems)
-    write_report(args.output, args.rows_dir)
+    # README's headline table follows the stored rows of results/ (not a report elsewhere)
+    readme = REPO / "README.md" if args.output == DEFAULT_OUTPUT else None
+    write_report(args.output, args.rows_dir, readme)
     print(args.output)
     return 0
 

@@ -373,7 +373,7 @@ class LatticeConfig(Section):
     kind: str | None = option(
         None,
         optional(choice(*LATTICE_KINDS)),
-        doc="The lattice ([README, Lattices](../README.md#lattices)). null: a chain for `[L]`, "
+        doc="The lattice ([lattices.md](lattices.md)). null: a chain for `[L]`, "
         "a square for `[Lx, Ly]`.",
         allowed="`chain` | `square` | `triangular` | `honeycomb` | `kagome` | `ladder`, or null",
     )
