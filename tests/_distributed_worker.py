@@ -26,7 +26,7 @@ from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc import observables
 from vitqs.vmc.estimators import importance_statistics, importance_weights, statistics
-from vitqs.vmc.sampler import Samples
+from vitqs.vmc.samples import Samples
 from vitqs.vmc.sr import energy_gradient, natural_gradient, parameter_vector
 
 N_CHAINS, N_PER_CHAIN, N_PARAMS = 8, 16, 40

@@ -21,7 +21,8 @@ from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.driver import VMC
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
+from vitqs.vmc.exact_sampler import ExactSampler
+from vitqs.vmc.sampler import MetropolisSampler
 from vitqs.vmc.sr import natural_gradient
 from vitqs.yamlfile import parse_yaml
 

@@ -26,7 +26,7 @@ from vitqs.vmc.estimators import (
     sample_mean,
     statistics,
 )
-from vitqs.vmc.sampler import ExactSampler
+from vitqs.vmc.exact_sampler import ExactSampler
 
 HAMILTONIANS = {
     "heisenberg_chain": lambda: Heisenberg(Lattice((6,))),

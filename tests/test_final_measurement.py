@@ -17,7 +17,8 @@ from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
 from vitqs.runner import final_discard, run_config
 from vitqs.vmc.estimators import statistics
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
+from vitqs.vmc.exact_sampler import ExactSampler
+from vitqs.vmc.sampler import MetropolisSampler
 
 
 def test_repeated_final_measurements_agree_with_the_enumerated_energy():

@@ -79,3 +79,10 @@ def test_no_import_circles():
     # a package's __init__ re-exporting its own submodules is no circle of the layout
     circles = [c for c in circles if not all(m.startswith(c[0] + ".") for m in c[1:-1])]
     assert circles == []
+
+
+def test_the_metropolis_sampler_imports_nothing_of_the_models():
+    # the network the chains run on comes built (models/chains.py via build.py): the sampler
+    # asks it, never which model it has
+    imports = _imports()["vitqs.vmc.sampler"]
+    assert not [target for target in imports if target.startswith("vitqs.models")]

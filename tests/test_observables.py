@@ -18,8 +18,9 @@ from vitqs.physics.observables import (
     structure_factor,
 )
 from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.exact_sampler import ExactSampler
 from vitqs.vmc.observables import boson_observables, first_of_each_chain, spin_observables
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
+from vitqs.vmc.sampler import MetropolisSampler
 
 SPIN_CASES = {
     "chain": lambda: Heisenberg(Lattice((6,))),

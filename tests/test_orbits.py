@@ -16,7 +16,7 @@ from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.physics.symmetry import sector_orbits
 from vitqs.runner import run_config
 from vitqs.vmc.estimators import statistics
-from vitqs.vmc.sampler import ExactSampler
+from vitqs.vmc.exact_sampler import ExactSampler
 from vitqs.vmc.sr import log_derivatives, natural_gradient
 
 

@@ -89,3 +89,14 @@ def test_files_before_the_reference_attribute_read_as_exact_diagonalization():
     record = results.read_results(OLD_FILES / "chain.h5")
     assert "reference" not in record.exact
     assert results.summary(record)["reference"] == EXACT_DIAGONALIZATION
+
+
+def test_the_8x8_j1j2_has_the_best_published_estimate_and_says_it_is_not_exact():
+    from vitqs.physics.lattice import Lattice
+    from vitqs.physics.operators import Heisenberg
+    from vitqs.physics.reference import reference_energy
+
+    reference = reference_energy(Heisenberg(Lattice((8, 8)), J1=1.0, J2=0.5))
+    assert reference.energy == pytest.approx(-0.49906 * 64, rel=1e-12)
+    assert "not exact" in reference.method and "Hu, Becca, Parola & Sorella" in reference.method
+    assert reference_energy(Heisenberg(Lattice((8, 8)), J1=1.0, J2=0.4)) is None

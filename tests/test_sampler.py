@@ -8,11 +8,14 @@ import torch
 from helpers import ComplexRBM, model_vector
 from scipy.stats import chisquare
 
+from vitqs.models.chains import ChainNetwork
 from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.estimators import importance_weights, sample_statistics
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler, Samples
+from vitqs.vmc.exact_sampler import ExactSampler
+from vitqs.vmc.sampler import MetropolisSampler
+from vitqs.vmc.samples import Samples
 
 # A histogram is rejected below this p-value; seeds are fixed, so the test is deterministic.
 P_VALUE_THRESHOLD = 1e-3
@@ -137,7 +140,7 @@ def test_float32_chains_of_a_float64_model_sample_the_exact_distribution():
     n_chains = 10000
     sampler = MetropolisSampler(
         hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, seed=7,
-        dtype=torch.float32,
+        chains=ChainNetwork(torch.float32),
     )  # fmt: skip
     samples = sampler.sample(model)
     counts = np.bincount(hilbert.state_index(samples.x[:, 0]), minlength=hilbert.dimension)
@@ -152,13 +155,14 @@ def test_float32_chains_of_a_float64_model_sample_the_exact_distribution():
 def test_float32_chain_network_follows_the_model_parameters():
     hamiltonian = BoseHubbard(Lattice((5,)), n_particles=5)
     model = ComplexRBM(5, seed=2, scale=0.3)
-    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=16, seed=1, dtype=torch.float32)
+    chains = ChainNetwork(torch.float32)
+    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=16, seed=1, chains=chains)
     samples = sampler.sample(model)
     assert samples.log_psi.dtype == torch.complex128
     x = samples.x.reshape(-1, 5)
     with torch.no_grad():
         model.w_re.add_(0.5)  # an optimiser step
-        network = sampler._network_of_chains(model)
+        network = chains.evaluating(model)
         assert next(network.parameters()).dtype == torch.float32
         torch.testing.assert_close(network(x).to(torch.complex128), model(x), rtol=1e-5, atol=1e-5)
         again = sampler.sample(model)
@@ -185,12 +189,16 @@ def test_distinct_proposals_get_the_log_psi_of_every_proposal():
 def test_state_dict_resumes_the_same_chains(dtype):
     hamiltonian = Heisenberg(Lattice((6,)))
     model = ComplexRBM(6, seed=2)
-    sampler = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=5, dtype=dtype)
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=32, n_chains=8, seed=5, chains=ChainNetwork(dtype)
+    )
     sampler.sample(model)
     state = sampler.state_dict()
     first = sampler.sample(model).x
     model = ComplexRBM(6, seed=2)  # rebuilt, as on a resume
-    restored = MetropolisSampler(hamiltonian, n_samples=32, n_chains=8, seed=99, dtype=dtype)
+    restored = MetropolisSampler(
+        hamiltonian, n_samples=32, n_chains=8, seed=99, chains=ChainNetwork(dtype)
+    )
     restored.load_state_dict(state)
     assert torch.equal(restored.sample(model).x, first)
 
@@ -225,7 +233,6 @@ def test_exact_sampler_weights_are_normalised_born_probabilities():
         ({"n_samples": 8, "n_chains": 4, "rule": "flip"}, "rule"),
         ({"n_samples": 8, "n_chains": 4, "sweep_size": 0}, "sweep_size"),
         ({"n_samples": 8, "n_chains": 4, "n_discard": -1}, "n_discard"),
-        ({"n_samples": 8, "n_chains": 4, "dtype": torch.float16}, "dtype"),
         ({"n_samples": 8, "n_chains": 4, "machine_pow": 0.0}, "machine_pow"),
         ({"n_samples": 8, "n_chains": 4, "machine_pow": float("nan")}, "machine_pow"),
     ],
@@ -233,6 +240,8 @@ def test_exact_sampler_weights_are_normalised_born_probabilities():
 def test_bad_settings_raise_with_the_config_key(kwargs, key):
     with pytest.raises(ValueError, match=f"sampler.{key}"):
         MetropolisSampler(Heisenberg(Lattice((4,))), **kwargs)
+    with pytest.raises(ValueError, match="sampler.dtype"):
+        ChainNetwork(torch.float16)
 
 
 def test_exchange_rule_on_bosons_is_rejected():
@@ -268,13 +277,13 @@ def test_bare_chains_weighted_to_the_symmetrized_distribution():
     hilbert = hamiltonian.hilbert
     # a bare network that is nowhere near zero where the average is not: the weights stay
     # bounded (a bare network that vanishes on part of the average's support is the case
-    # bare chains cannot handle, see the README)
+    # bare chains cannot handle, see docs/config.md)
     bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=5)
     model = Symmetrized(bare, Lattice((6,)).translations[:3], spin_flip=1)
     n_chains = 8000
     sampler = MetropolisSampler(
         hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, seed=11,
-        bare_chains=True,
+        chains=ChainNetwork(bare=True),
     )  # fmt: skip
     samples = sampler.sample(model)
     x = samples.x[:, 0]
@@ -307,7 +316,12 @@ def test_bare_chains_measure_the_symmetrized_energy_within_error_bars():
     bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=2)
     model = Symmetrized(bare, Lattice((6,)).translations, spin_flip=1)
     sampler = MetropolisSampler(
-        hamiltonian, n_samples=4096, n_chains=256, n_discard=20, seed=3, bare_chains=True
+        hamiltonian,
+        n_samples=4096,
+        n_chains=256,
+        n_discard=20,
+        seed=3,
+        chains=ChainNetwork(bare=True),
     )
     samples = sampler.sample(model)
     e_loc = sampler.local_energy(hamiltonian, model, samples)
@@ -315,7 +329,7 @@ def test_bare_chains_measure_the_symmetrized_energy_within_error_bars():
     vector = model_vector(model, hamiltonian.hilbert)
     exact = np.vdot(vector, hamiltonian.to_sparse() @ vector).real / np.vdot(vector, vector).real
     assert abs(stats.mean.real - exact) < 4 * stats.error_of_mean
-    assert sampler.measuring().bare_chains is False  # the final energy samples |ψ|² itself
+    assert sampler.measuring().chains.bare is False  # the final energy samples |ψ|² itself
 
 
 def test_a_bare_chain_sample_where_psi_vanishes_weighs_nothing():
@@ -327,7 +341,9 @@ def test_a_bare_chain_sample_where_psi_vanishes_weighs_nothing():
     hamiltonian = Heisenberg(Lattice((6,)))
     bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=5)
     model = Symmetrized(bare, Lattice((6,)).translations[:3], spin_flip=1)
-    sampler = MetropolisSampler(hamiltonian, n_samples=64, n_chains=8, seed=1, bare_chains=True)
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=64, n_chains=8, seed=1, chains=ChainNetwork(bare=True)
+    )
     samples = sampler.sample(model)
     before = sampler.local_energy(hamiltonian, model, samples)
     stats_before = sample_statistics(before, samples)

@@ -7,11 +7,13 @@ import pytest
 import torch
 from helpers import ComplexRBM
 
+from vitqs.models.chains import ChainNetwork
 from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.estimators import local_energy
-from vitqs.vmc.sampler import MetropolisSampler, _move_table
+from vitqs.vmc.rules import proposal_rule
+from vitqs.vmc.sampler import MetropolisSampler
 from vitqs.vmc.sector_walk import MAX_TABLE_ENTRIES, sector_moves
 
 CASES = {
@@ -41,7 +43,7 @@ def test_move_table_leads_where_each_move_leads(case):
     make_hamiltonian, rule = CASES[case]
     hamiltonian = make_hamiltonian()
     hilbert = hamiltonian.hilbert
-    moves = _move_table(rule, hamiltonian)
+    moves = proposal_rule(rule, hamiltonian).moves
     table = sector_moves(hilbert, moves, rule)
     states = [list(map(int, s)) for s in hilbert.all_states()]
     position = {tuple(s): k for k, s in enumerate(states)}
@@ -57,15 +59,15 @@ def test_move_table_leads_where_each_move_leads(case):
 
 def test_no_table_for_a_sector_too_large():
     hamiltonian = Heisenberg(Lattice((6, 6)), J2=0.5)  # 9.1e9 states
-    moves = _move_table("exchange", hamiltonian)
+    moves = proposal_rule("exchange", hamiltonian).moves
     assert hamiltonian.hilbert.dimension * len(moves) > MAX_TABLE_ENTRIES
     assert sector_moves(hamiltonian.hilbert, moves, "exchange") is None
 
 
-SETTINGS = {
-    "float64": {},
-    "float32 chains": {"dtype": torch.float32},
-    "machine_pow 1.5": {"machine_pow": 1.5},
+SETTINGS = {  # keyword arguments, made anew for each sampler
+    "float64": dict,
+    "float32 chains": lambda: {"chains": ChainNetwork(torch.float32)},
+    "machine_pow 1.5": lambda: {"machine_pow": 1.5},
 }
 
 
@@ -78,9 +80,8 @@ def test_table_walk_gives_the_chains_of_the_per_proposal_path(case, setting):
     hamiltonian = make_hamiltonian()
     model = ComplexRBM(hamiltonian.n_sites, n_hidden=4, scale=0.3, seed=2)
     kwargs = {"n_samples": 48, "n_chains": 16, "n_discard": 4, "rule": rule, "seed": 5}
-    kwargs.update(SETTINGS[setting])
-    walked = MetropolisSampler(hamiltonian, **kwargs)
-    stepped = MetropolisSampler(hamiltonian, **kwargs, sector_table=False)
+    walked = MetropolisSampler(hamiltonian, **kwargs, **SETTINGS[setting]())
+    stepped = MetropolisSampler(hamiltonian, **kwargs, **SETTINGS[setting](), sector_table=False)
     assert walked._walks_sector(16 * hamiltonian.n_sites * 7)
     for _ in range(2):
         a, b = walked.sample(model), stepped.sample(model)
@@ -96,9 +97,11 @@ def test_bare_chains_walk_the_sector_of_the_bare_network():
     hamiltonian = Heisenberg(Lattice((6,)))
     bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=5)
     model = Symmetrized(bare, Lattice((6,)).translations[:3], spin_flip=1)
-    kwargs = {"n_samples": 32, "n_chains": 16, "seed": 11, "bare_chains": True}
-    a = MetropolisSampler(hamiltonian, **kwargs).sample(model)
-    b = MetropolisSampler(hamiltonian, **kwargs, sector_table=False).sample(model)
+    kwargs = {"n_samples": 32, "n_chains": 16, "seed": 11}
+    a = MetropolisSampler(hamiltonian, **kwargs, chains=ChainNetwork(bare=True)).sample(model)
+    b = MetropolisSampler(
+        hamiltonian, **kwargs, chains=ChainNetwork(bare=True), sector_table=False
+    ).sample(model)
     assert torch.equal(a.x, b.x)
     torch.testing.assert_close(a.log_importance, b.log_importance, rtol=0, atol=1e-12)
 
@@ -164,9 +167,12 @@ def test_no_local_energies_from_a_table_the_model_did_not_make():
     bare chains: neither is the model's ψ, so the local energies take forward passes."""
     hamiltonian = Heisenberg(Lattice((6,)))  # 20 states
     model = ComplexRBM(6, n_hidden=4, scale=0.3, seed=2)
-    copy = MetropolisSampler(hamiltonian, n_samples=16, n_chains=16, dtype=torch.float32)
+    chains = ChainNetwork(torch.float32)
+    copy = MetropolisSampler(hamiltonian, n_samples=16, n_chains=16, chains=chains)
     assert copy._walks_sector(16 * 6 * 5) and copy.sample(model).sector_log_psi is None
     bare = ComplexRBM(6, n_hidden=6, scale=0.15, seed=5)
     symmetrized = Symmetrized(bare, Lattice((6,)).translations[:3], spin_flip=1)
-    chains = MetropolisSampler(hamiltonian, n_samples=32, n_chains=16, bare_chains=True)
+    chains = MetropolisSampler(
+        hamiltonian, n_samples=32, n_chains=16, chains=ChainNetwork(bare=True)
+    )
     assert chains.sample(symmetrized).sector_log_psi is None

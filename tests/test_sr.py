@@ -10,8 +10,8 @@ from vitqs.models.symmetrize import Symmetrized
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.estimators import local_energy
+from vitqs.vmc.exact_sampler import ExactSampler
 from vitqs.vmc.optimizers import Adam, Schedule
-from vitqs.vmc.sampler import ExactSampler
 from vitqs.vmc.sr import (
     _scaled_centred,
     energy_gradient,

@@ -8,6 +8,7 @@ from helpers import ComplexRBM, exact_ground_state, tiny_bose_hubbard, tiny_heis
 
 from vitqs.build import build_vmc
 from vitqs.config import OptimizerConfig, from_dict
+from vitqs.models.chains import ChainNetwork
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.driver import VMC, NonFiniteEnergyError, final_estimate
@@ -18,8 +19,10 @@ from vitqs.vmc.estimators import (
     sample_statistics,
     statistics,
 )
+from vitqs.vmc.exact_sampler import ExactSampler
 from vitqs.vmc.optimizers import Adam
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler, Sampler, Samples
+from vitqs.vmc.sampler import MetropolisSampler
+from vitqs.vmc.samples import Sampler, Samples
 from vitqs.vmc.sr import (
     energy_gradient,
     force,
@@ -180,7 +183,7 @@ def test_checkpoint_resumes_the_same_trajectory(chain_dtype):
     def build():
         model = ComplexRBM(6, seed=8)
         sampler = MetropolisSampler(
-            hamiltonian, n_samples=64, n_chains=16, seed=9, dtype=chain_dtype
+            hamiltonian, n_samples=64, n_chains=16, seed=9, chains=ChainNetwork(chain_dtype)
         )
         settings = OptimizerConfig(method="adam", lr=0.01, n_iter=10)
         return model, sampler, VMC(hamiltonian, model, sampler, settings)
@@ -400,7 +403,7 @@ def test_cuda_float32_chains():
     hamiltonian = Heisenberg(Lattice((6,)))
     model = ComplexRBM(6, seed=12).to("cuda")
     sampler = MetropolisSampler(
-        hamiltonian, n_samples=256, n_chains=64, seed=13, dtype=torch.float32
+        hamiltonian, n_samples=256, n_chains=64, seed=13, chains=ChainNetwork(torch.float32)
     )
     samples = sampler.sample(model)
     x = samples.x.reshape(-1, 6)

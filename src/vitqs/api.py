@@ -43,6 +43,8 @@ class Result:
             None without one.
         n_sites, n_params, n_iter, seconds: the system, the model, steps done, wall time.
         note: the final measurement's note (why a zero variance is genuine), or None.
+        lanczos: the file's Lanczos step (``vitqs lanczos``; keys
+            `results.LANCZOS_FIELDS`), or None.
         history: one 1-D numpy array per column of the history (``energy``,
             ``energy_error``, ``variance``, ``acceptance``, ``lr``, ...), one entry a step.
         observables: the final observables by name (numpy arrays), ``<name>_error`` beside.
@@ -65,6 +67,7 @@ class Result:
     n_iter: int
     seconds: float | None
     note: str | None
+    lanczos: dict | None
     history: dict[str, np.ndarray]
     observables: dict[str, np.ndarray]
     config: Config
@@ -148,6 +151,7 @@ def load(path: str | Path) -> Result:
         n_iter=summary["n_iter"],
         seconds=summary["seconds"],
         note=summary["note"],
+        lanczos=record.lanczos,
         history=record.history_arrays(),
         observables=observables,
         config=from_dict(stored_config(record) or {}, default_name=record.name),

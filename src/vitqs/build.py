@@ -18,6 +18,7 @@ import torch
 from vitqs import distributed
 from vitqs.config import BoseHubbardConfig, Config, ConfigError, HeisenbergConfig
 from vitqs.models import build_model, final_symmetrized, invariances, sector_characters
+from vitqs.models.chains import ChainNetwork
 from vitqs.models.precision import torch_dtype
 from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
@@ -28,7 +29,8 @@ from vitqs.physics.symmetry import (
     vector_characters,
 )
 from vitqs.vmc.driver import VMC
-from vitqs.vmc.sampler import ExactSampler, MetropolisSampler
+from vitqs.vmc.exact_sampler import ExactSampler
+from vitqs.vmc.sampler import MetropolisSampler
 
 _FULL_SUM_MAX_DIM = 200_000
 
@@ -142,11 +144,9 @@ def build_sampler(config: Config, hamiltonian, model=None):
             n_discard=cfg.n_discard,
             rule=cfg.rule,
             seed=config.seed + 1,
-            dtype=torch_dtype(cfg.dtype),
+            chains=ChainNetwork(torch_dtype(cfg.dtype), compile=cfg.compile, bare=cfg.bare_chains),
             machine_pow=cfg.machine_pow,
-            bare_chains=cfg.bare_chains,
             sector_table=cfg.sector_table,
-            compile=cfg.compile,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None

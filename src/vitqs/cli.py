@@ -50,6 +50,18 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="tables and figures of results files")
     report.add_argument("path", help="a results file or a folder of them")
 
+    lanczos = commands.add_parser(
+        "lanczos", help="one Lanczos step on a finished run's final state, kept in its file"
+    )
+    lanczos.add_argument("path", help="a finished run's results file")
+    lanczos.add_argument(
+        "--n-samples", type=int, default=None, help="Monte Carlo samples (default final.n_samples)"
+    )
+    lanczos.add_argument(
+        "--full-sum", action="store_true", help="sum every state of the sector (no noise)"
+    )
+    lanczos.add_argument("--json", action="store_true", help="end stdout with one JSON line")
+
     bench = commands.add_parser("bench", help="benchmarks: accuracy against ED, speed per step")
     benches = bench.add_subparsers(dest="bench", required=True)
     benches.add_parser(
@@ -175,6 +187,29 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_lanczos(args) -> int:
+    from vitqs.lanczos_file import lanczos_of_file
+
+    if args.n_samples is not None and args.n_samples < 1:
+        raise ConfigError(f"lanczos: --n-samples={args.n_samples} must be >= 1")
+    row = lanczos_of_file(args.path, n_samples=args.n_samples, full_sum=args.full_sum)
+    how = "full sum" if row["full_sum"] else f"{row['n_samples']} samples"
+    lines = [
+        f"{args.path}: one Lanczos step, ψ₁ = (1 + αH)ψ with α = {row['alpha']:.6g} ({how})",
+        f"  ψ   energy {row['energy_0']:.10f} ± {row['energy_0_error']:.2e}   variance "
+        f"{row['variance_0']:.4e}",
+        f"  ψ₁  energy {row['energy']:.10f} ± {row['energy_error']:.2e}   variance "
+        f"{row['variance']:.4e}",
+        f"  zero-variance extrapolation of the two  {row['extrapolated']:.10f}",
+    ]
+    if not math.isnan(row["relative_error"]):
+        lines.append(f"  ψ₁ relative error  {row['relative_error']:+.3e}   (E − E_exact)/|E_exact|")
+    print("\n".join(lines))
+    if args.json:
+        print(json_line(row))
+    return 0
+
+
 def _cmd_sweep(args) -> int:
     from vitqs import distributed
     from vitqs.build import resolve_device
@@ -266,6 +301,7 @@ _COMMANDS = {
     "run": _cmd_run,
     "sweep": _cmd_sweep,
     "report": _cmd_report,
+    "lanczos": _cmd_lanczos,
     "bench": _cmd_bench,
 }
 

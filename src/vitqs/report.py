@@ -30,7 +30,7 @@ from vitqs.physics.symmetry import ground_state_sector
 from vitqs.plots import plot_run
 from vitqs.results import SUMMARY_COLUMNS, ResultsError, read_results, summary_row
 from vitqs.vmc.driver import final_estimate
-from vitqs.vmc.sampler import ExactSampler
+from vitqs.vmc.exact_sampler import ExactSampler
 from vitqs.vmc.sr import set_parameter_vector
 from vitqs.workfile import is_being_written
 
@@ -101,7 +101,22 @@ def _notes(records, unwritten=()) -> str:
             )
         elif record.final and record.final.get("note"):
             lines.append(f"- {record.name}: {record.final['note']}")
+        if record.lanczos:
+            lines.append(f"- {record.name}: {lanczos_text(record.lanczos)}")
     return "".join(f"{printable(line)}\n" for line in ["", *lines]) if lines else ""
+
+
+def lanczos_text(row: dict) -> str:
+    """Returns a results file's Lanczos step (`lanczos_file`) as one line."""
+    how = "a full sum" if row.get("full_sum") else f"{row.get('n_samples', 0)} samples"
+    text = (
+        f"one Lanczos step ({how}): E₁ = {row['energy']:.8f} ± {row['energy_error']:.1e}, "
+        f"variance {row['variance']:.3e} (ψ: {row['energy_0']:.8f}, {row['variance_0']:.3e})"
+    )
+    relative = row.get("relative_error")
+    if relative is not None and not math.isnan(relative):
+        text += f", relative error {relative:+.2e}"
+    return text
 
 
 def printable(text: str) -> str:

@@ -23,6 +23,7 @@ Layout (format_version 2)::
     /final                attrs FINAL_FIELDS                       (only once the run finished;
                           acceptance: the final chains'; note: only where the numbers need one)
     /final/observables/<name>   one dataset per observable, real or complex, plus <name>_error
+    /lanczos              attrs LANCZOS_FIELDS        (only after ``vitqs lanczos`` on the file)
     /checkpoint           attr step: the state after that many history rows
     /checkpoint/state     the checkpoint dict as an `h5tree` (model parameters, optimizer
                           state, chains, generator states, seconds)
@@ -124,7 +125,7 @@ _LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction")
 # ``dimension``: the diagonalized sector's size, 0 for a reference that is not a diagonalization
 EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds", "reference")
 # integer attrs cannot fall back to NaN, so they are required when the group is written
-_INT_ATTRS = ("dimension", "n_samples")
+_INT_ATTRS = ("dimension", "n_samples", "full_sum")
 _TEXT_ATTRS = ("reference", "note")
 
 CONVENTIONS = (
@@ -246,6 +247,7 @@ class RunRecord:
     exact: dict[str, float] | None = None
     final: dict[str, float] | None = None
     observables: dict[str, Any] = field(default_factory=dict)
+    lanczos: dict[str, float] | None = None  # keys LANCZOS_FIELDS: a Lanczos step, if made
     checkpoint: dict | None = None
     checkpoint_step: int | None = None
     failure: str = ""  # why a ``failed`` run stopped, one line ("" otherwise)
@@ -328,6 +330,24 @@ class FinalRow:
 
 
 FINAL_FIELDS = tuple(f.name for f in dataclasses.fields(FinalRow))
+
+# ``/lanczos``: one Lanczos step on the final state (`vmc.lanczos_step`, ``vitqs lanczos``):
+# ψ₁ = (1 + αH)ψ's energy, error and variance, α, ψ's own from the same samples, their
+# zero-variance extrapolation, the samples (or states summed over: ``full_sum`` 1), seconds
+LANCZOS_FIELDS = (
+    "energy",
+    "energy_error",
+    "variance",
+    "alpha",
+    "energy_0",
+    "energy_0_error",
+    "variance_0",
+    "extrapolated",
+    "n_samples",
+    "full_sum",
+    "relative_error",
+    "seconds",
+)
 
 
 def _check_keys(values: dict, allowed: tuple[str, ...], what: str) -> None:
@@ -441,7 +461,8 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 def _check_record(record: RunRecord) -> None:
     if record.status not in STATUSES:
         raise ResultsError(f"status {record.status!r} must be one of {list(STATUSES)}")
-    for group, allowed in (("exact", EXACT_FIELDS), ("final", FINAL_FIELDS)):
+    groups = (("exact", EXACT_FIELDS), ("final", FINAL_FIELDS), ("lanczos", LANCZOS_FIELDS))
+    for group, allowed in groups:
         values = getattr(record, group)
         if values is not None:
             _check_keys(values, allowed, group)
@@ -467,6 +488,8 @@ def _write_file(f: h5py.File, record: RunRecord) -> None:
         _write_attrs(f.create_group("exact"), record.exact, EXACT_FIELDS)
     if record.final is not None:
         _write_final(f.create_group("final"), record)
+    if record.lanczos is not None:
+        _write_attrs(f.create_group("lanczos"), record.lanczos, LANCZOS_FIELDS)
     if record.checkpoint is not None:
         _write_checkpoint(f.create_group("checkpoint"), record)
 
@@ -579,6 +602,8 @@ def _read_file(f: h5py.File, path: Path) -> RunRecord:
         final = _group(f, "final", path)
         record.final = _Attrs(final, path).fields(FINAL_FIELDS)
         record.observables = _read_observables(final, path)
+    if "lanczos" in f:
+        record.lanczos = _Attrs(_group(f, "lanczos", path), path).fields(LANCZOS_FIELDS)
     if "checkpoint" in f:
         _read_checkpoint(_group(f, "checkpoint", path), record, path, version)
     return record

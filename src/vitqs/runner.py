@@ -324,6 +324,7 @@ def _restore(config, path, vmc: VMC, use_cache) -> Run:
     # steps after the checkpoint (a run stopped by a failure) are done again
     record.history = record.history[: record.checkpoint_step]
     record.status, record.final, record.failure = "running", None, ""
+    record.lanczos = None  # of the state measured before: a new final state comes
     record.observables, record.config_yaml = {}, config_yaml(config)
     return Run(config, vmc, record, path)
 

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from vitqs.models.chains import ChainNetwork
 from vitqs.models.compiled import compile_passes, compile_seconds
 from vitqs.models.symmetrize import Symmetrized
 from vitqs.models.vit import ViT
@@ -93,9 +94,11 @@ def test_compiled_chains_are_the_eager_chains():
     bare = _randomised(NETWORKS["factored chain"][0](), seed=4, scale=0.05)
     model = Symmetrized(bare, Lattice((12,)).translations[:2], spin_flip=1)
     kwargs = {"n_samples": 64, "n_chains": 16, "n_discard": 3, "seed": 9}
-    kwargs.update(dtype=torch.float64, sector_table=False)
-    compiled = MetropolisSampler(hamiltonian, **kwargs, compile=True)
-    eager = MetropolisSampler(hamiltonian, **kwargs)
+    kwargs.update(sector_table=False)
+    compiled = MetropolisSampler(
+        hamiltonian, **kwargs, chains=ChainNetwork(torch.float64, compile=True)
+    )
+    eager = MetropolisSampler(hamiltonian, **kwargs, chains=ChainNetwork(torch.float64))
     for call in range(2):
         a, b = compiled.sample(model), eager.sample(model)
         assert torch.equal(a.x, b.x)

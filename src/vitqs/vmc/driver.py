@@ -27,7 +27,7 @@ from vitqs.distributed import agree_all, agree_max, broadcast_from_root, reduce_
 from vitqs.models.precision import NetworkCopy
 from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
 from vitqs.vmc.optimizers import Adam, Schedule
-from vitqs.vmc.sampler import Samples
+from vitqs.vmc.samples import Samples
 from vitqs.vmc.sr import (
     chosen_solve,
     energy_gradient,

@@ -1,0 +1,121 @@
+"""``vitqs lanczos FILE``: one Lanczos step on a finished run's final state, kept in its file.
+
+The state is the one the final measurement measured (the checkpoint's parameters under
+``final.*``'s symmetrization); its samples come from the run's own chains, thermalised as the
+final measurement's were, or, with ``full_sum``, every state of a small sector is summed
+(no noise). The step (`vmc.lanczos_step`) lands in the results file as ``/lanczos`` beside
+the variational energy: ``vitqs report`` and ``vitqs.load`` read it from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+
+from vitqs import results, workfile
+from vitqs.build import build_hamiltonian, build_network, build_sampler, final_network
+from vitqs.checkpoint import stored_config
+from vitqs.config import ConfigError, from_dict
+from vitqs.physics import exact
+from vitqs.runner import final_discard
+from vitqs.vmc.lanczos_step import full_sum_moments, lanczos_step, second_local_energy, step_of
+
+# sectors summed whole by --full-sum: the two matrix-vector products of a sparse matrix
+FULL_SUM_MAX = 5_000_000
+
+
+def lanczos_of_file(
+    path: str | Path, *, n_samples: int | None = None, full_sum: bool = False
+) -> dict:
+    """Makes the Lanczos step of the finished run at ``path``, writes it into the file and
+    returns it (keys `results.LANCZOS_FIELDS`). ``n_samples``: Monte Carlo samples (default
+    the run's ``final.n_samples``). ConfigError for a file that is not a finished run, or a
+    sector too large to sum."""
+    path = Path(path)
+    start = time.perf_counter()
+    with workfile.sole_writer(path):  # no run writes the file meanwhile
+        try:
+            record = results.read_results(path)
+        except results.ResultsError as err:
+            raise ConfigError(str(err)) from None
+        if record.status != "finished":
+            raise ConfigError(
+                f"'{path}' is {record.status}: a Lanczos step is made on a finished run's "
+                "final state"
+            )
+        config = from_dict(stored_config(record) or {}, default_name=record.name)
+        if not torch.cuda.is_available():  # a file of a GPU run, read on a CPU
+            config.device = "cpu"
+        hamiltonian = build_hamiltonian(config)
+        model = build_network(config, hamiltonian)
+        model.load_state_dict(results.load_checkpoint(record)["model"])
+        measured = final_network(config, model, hamiltonian.lattice)
+        with torch.no_grad():
+            if full_sum:
+                step = _full_sum_step(hamiltonian, measured, config.sampler.chunk_size)
+            else:
+                step = _sampled_step(config, hamiltonian, model, measured, record, n_samples)
+        row = {**step, "seconds": time.perf_counter() - start}
+        exact_energy = record.exact["energy"] if record.exact else None
+        row["relative_error"] = results.relative_error(row["energy"], exact_energy)
+        record.lanczos = row
+        results.write_results(path, record)
+    return row
+
+
+def _sampled_step(config, hamiltonian, model, measured, record, n_samples) -> dict:
+    sampler = build_sampler(config, hamiltonian, model)
+    chains = (results.load_checkpoint(record).get("sampler") or {}).get("chains")
+    if chains is not None:
+        with contextlib.suppress(ValueError):  # chains of another sector: random ones
+            sampler.start_chains(chains)
+    sampler = sampler.measuring()
+    n_samples = config.final.n_samples if n_samples is None else n_samples
+    samples = sampler.draw(measured, n_samples, final_discard(config, sampler))
+    x = samples.x.reshape(-1, hamiltonian.n_sites)
+    e_loc, l2 = second_local_energy(
+        hamiltonian, measured, x, samples.log_psi.reshape(-1), config.sampler.chunk_size
+    )
+    shape = samples.x.shape[:2]
+    weights = samples.weights
+    step = lanczos_step(e_loc.reshape(shape), l2.reshape(shape), weights)
+    return {
+        "energy": step.energy,
+        "energy_error": step.energy_error,
+        "variance": step.variance,
+        "alpha": step.alpha,
+        "energy_0": step.energy_0,
+        "energy_0_error": step.energy_0_error,
+        "variance_0": step.variance_0,
+        "extrapolated": step.extrapolated,
+        "n_samples": step.n_samples,
+        "full_sum": 0,
+    }
+
+
+def _full_sum_step(hamiltonian, measured, chunk_size) -> dict:
+    if not exact.sector_fits(hamiltonian.hilbert, FULL_SUM_MAX):
+        raise ConfigError(
+            f"--full-sum sums every state of the sector, at most {FULL_SUM_MAX:,}; this one "
+            f"has about 10^{hamiltonian.hilbert.log_dimension() / 2.302585:.1f}"
+        )
+    moments = full_sum_moments(hamiltonian, measured, chunk_size)
+    energy, variance, alpha = step_of(moments)
+    extrapolated = float("nan")
+    if moments.variance > variance:
+        extrapolated = energy - variance * (moments.h1 - energy) / (moments.variance - variance)
+    return {
+        "energy": energy,
+        "energy_error": 0.0,
+        "variance": variance,
+        "alpha": alpha,
+        "energy_0": moments.h1,
+        "energy_0_error": 0.0,
+        "variance_0": max(moments.variance, 0.0),
+        "extrapolated": extrapolated,
+        "n_samples": int(hamiltonian.hilbert.dimension),
+        "full_sum": 1,
+    }

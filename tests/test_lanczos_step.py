@@ -1,0 +1,146 @@
+"""One Lanczos step on a state: the moments of H by Monte Carlo against the exact sums over
+the sector, the full-sum form against the dense vectors to 1e-10, and ψ₁ never above ψ."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import ComplexRBM
+
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import BoseHubbard, Heisenberg
+from vitqs.vmc.exact_sampler import ExactSampler
+from vitqs.vmc.lanczos_step import (
+    Moments,
+    full_sum_moments,
+    jackknife_errors,
+    lanczos_step,
+    moments_of,
+    second_local_energy,
+    step_of,
+)
+from vitqs.vmc.sampler import MetropolisSampler
+
+SYSTEMS = {
+    "chain 12": lambda: Heisenberg(Lattice((12,)), J1=1.0),
+    "J1-J2 4x4": lambda: Heisenberg(Lattice((4, 4)), J1=1.0, J2=0.5),
+    "bosons 6": lambda: BoseHubbard(Lattice((6,)), U=4.0, n_particles=6),
+}
+
+
+def _model(hamiltonian, seed=3):
+    return ComplexRBM(hamiltonian.n_sites, n_hidden=8, scale=0.2, seed=seed)
+
+
+def _vectors(hamiltonian, model):
+    x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
+    with torch.no_grad():
+        psi = torch.exp(model(x)).numpy()
+    return psi / np.linalg.norm(psi), hamiltonian.to_sparse()
+
+
+@pytest.mark.parametrize("system", ["chain 12", "bosons 6"])
+def test_the_full_sum_of_the_local_estimators_is_the_dense_moments(system):
+    hamiltonian = SYSTEMS[system]()
+    model = _model(hamiltonian)
+    sampler = ExactSampler(hamiltonian.hilbert)
+    with torch.no_grad():
+        samples = sampler.sample(model)
+        x = samples.x.reshape(-1, hamiltonian.n_sites)
+        e_loc, l2 = second_local_energy(hamiltonian, model, x, samples.log_psi.reshape(-1))
+    weighted = moments_of(e_loc, l2, samples.weights.reshape(-1))
+    dense = full_sum_moments(hamiltonian, model)
+    v, matrix = _vectors(hamiltonian, model)
+    h = [np.vdot(v, np.linalg.matrix_power(matrix.toarray(), k) @ v).real for k in (1, 2, 3, 4)]
+    for got in (weighted, dense):
+        np.testing.assert_allclose([got.h1, got.h2, got.h3, got.h4], h, rtol=1e-10)
+
+
+@pytest.mark.parametrize("system", ["chain 12", "bosons 6"])
+def test_the_step_is_the_best_state_of_its_two_vectors_and_never_above_psi(system):
+    hamiltonian = SYSTEMS[system]()
+    model = _model(hamiltonian)
+    energy, variance, alpha = step_of(full_sum_moments(hamiltonian, model))
+    v, matrix = _vectors(hamiltonian, model)
+    hv = matrix @ v
+
+    def rayleigh(a):
+        psi = v + a * hv
+        return np.vdot(psi, matrix @ psi).real / np.vdot(psi, psi).real
+
+    psi1 = v + alpha * hv
+    h_psi1 = matrix @ psi1
+    norm = np.vdot(psi1, psi1).real
+    assert energy == pytest.approx(rayleigh(alpha), rel=1e-10)
+    assert variance == pytest.approx(np.vdot(h_psi1, h_psi1).real / norm - energy**2, rel=1e-8)
+    scan = [rayleigh(a) for a in alpha * np.linspace(-3, 3, 61)]
+    assert energy <= min(scan) + 1e-12  # the minimum over α
+    ground = exact.ground_state(hamiltonian).energy
+    assert ground - 1e-10 <= energy < np.vdot(v, hv).real  # variational, and lower than ψ
+
+
+def test_an_eigenstate_is_its_own_step():
+    m = Moments(h1=-2.0, h2=4.0, h3=-8.0, h4=16.0)  # ψ an eigenvector of energy -2
+    assert step_of(m) == (-2.0, 0.0, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", ["chain 12", "J1-J2 4x4"])
+def test_monte_carlo_moments_and_step_agree_with_the_exact_sums(system):
+    # each chain one block: the jackknife over chains gives the error bars
+    hamiltonian = SYSTEMS[system]()
+    model = _model(hamiltonian, seed=5)
+    sampler = MetropolisSampler(hamiltonian, n_samples=2048, n_chains=64, n_discard=40, seed=7)
+    with torch.no_grad():
+        samples = sampler.sample(model)
+        x = samples.x.reshape(-1, hamiltonian.n_sites)
+        e_loc, l2 = second_local_energy(hamiltonian, model, x, samples.log_psi.reshape(-1))
+    e_loc, l2 = e_loc.reshape(samples.x.shape[:2]), l2.reshape(samples.x.shape[:2])
+    step = lanczos_step(e_loc, l2)
+    errors = jackknife_errors(e_loc, l2)
+    exact_moments = full_sum_moments(hamiltonian, model)
+    estimated = moments_of(e_loc.reshape(-1), l2.reshape(-1))
+    for k in ("h1", "h2", "h3"):
+        deviation = abs(getattr(estimated, k) - getattr(exact_moments, k))
+        assert deviation < 3 * errors[k], (k, deviation, errors[k])
+    exact_energy = step_of(exact_moments)[0]
+    assert abs(step.energy - exact_energy) < 3 * step.energy_error
+    assert step.energy < step.energy_0 + step.energy_error  # ψ₁ below ψ, within its error
+    assert step.variance < step.variance_0
+
+
+def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(tmp_path, capsys):
+    from helpers import assert_one_line_error, last_json, run_main, tiny_heisenberg, write_config
+
+    import vitqs
+    from vitqs import results
+
+    config = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", config, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    code, out, err = run_main(capsys, "lanczos", h5, "--full-sum", "--json")
+    assert code == 0, err
+    summed = last_json(out)
+    assert summed["full_sum"] == 1 and summed["energy_error"] == 0
+    assert summed["energy"] <= summed["energy_0"] and summed["variance"] < summed["variance_0"]
+    record = results.read_results(h5)
+    assert record.lanczos["energy"] == summed["energy"] and record.status == "finished"
+    # the same final state by Monte Carlo, from the run's chains: within its error bars
+    code, out, err = run_main(capsys, "lanczos", h5, "--n-samples", "4096", "--json")
+    assert code == 0, err
+    sampled = last_json(out)
+    assert sampled["n_samples"] == 4096 and sampled["energy_error"] > 0
+    assert abs(sampled["energy"] - summed["energy"]) < 3 * sampled["energy_error"]
+    assert abs(sampled["energy_0"] - summed["energy_0"]) < 3 * sampled["energy_0_error"]
+    assert vitqs.load(h5).lanczos["energy"] == sampled["energy"]
+    code, out, _ = run_main(capsys, "report", h5)
+    assert "- tiny: one Lanczos step (4096 samples): E₁ = " in out
+
+    record.status, record.final, record.observables = "interrupted", None, {}
+    results.write_results(h5, record)
+    code, _, err = run_main(capsys, "lanczos", h5)
+    assert_one_line_error(code, err, "tiny.h5", "finished run")
+    code, _, err = run_main(capsys, "lanczos", h5, "--n-samples", "0")
+    assert_one_line_error(code, err, "--n-samples")
