@@ -67,7 +67,7 @@ def main() -> None:
     sampler = build_sampler(config, hamiltonian, model)
     sampler.sample(model)  # warm-up: chains, float32 copy, caches
     eager = sampling_seconds(sampler, model, args.repeats)
-    network = sampler._network_of_chains(model)
+    network = sampler.chains.evaluating(sampler.chains.sampled(model))
     eager_pass = network._log_psi
     if args.real_parts:
         compiled_parts = torch.compile(real_parts(network), dynamic=True)
