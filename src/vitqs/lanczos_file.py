@@ -106,13 +106,13 @@ def _full_sum_step(hamiltonian, measured, chunk_size) -> dict:
     energy, variance, alpha = step_of(moments)
     extrapolated = float("nan")
     if moments.variance > variance:
-        extrapolated = energy - variance * (moments.h1 - energy) / (moments.variance - variance)
+        extrapolated = energy - variance * (moments.mean - energy) / (moments.variance - variance)
     return {
         "energy": energy,
         "energy_error": 0.0,
         "variance": variance,
         "alpha": alpha,
-        "energy_0": moments.h1,
+        "energy_0": moments.mean,
         "energy_0_error": 0.0,
         "variance_0": max(moments.variance, 0.0),
         "extrapolated": extrapolated,

@@ -1,21 +1,22 @@
 """One Lanczos step on a trained state: ``|ψ₁⟩ = (1 + αH)|ψ⟩`` with α minimising the energy.
 
-The step's energy and variance follow from four moments of H in ψ, ``h_k = ⟨ψ|H^k|ψ⟩/⟨ψ|ψ⟩``:
-in the basis {ψ, Hψ} the Hamiltonian is ``[[h1, h2], [h2, h3]]`` and the overlap
-``[[1, h1], [h1, h2]]``, and ``E₁`` is the lowest root of their generalised eigenproblem,
+The step's energy and variance follow from ψ's energy ``E = ⟨H⟩`` and central moments
+``c_k = ⟨(H − E)^k⟩`` (k = 2, 3, 4): in the orthonormal basis {ψ, (H − E)ψ/σ}, σ² = c2, the
+Hamiltonian is ``E + [[0, σ], [σ, c3/σ²]]``, whose lower eigenvalue
 
-    (h2 − h1²) E² + (h1 h2 − h3) E + (h1 h3 − h2²) = 0,
+    E₁ = E + t − √(t² + σ²),   t = c3/(2σ²),
 
-never above ``h1`` (Sorella, PRB 64, 024512 (2001); Hu et al., PRB 88, 060402 (2013) lower the
-10×10 J1-J2 energy so). Its variance needs ``h4``. By Monte Carlo over samples of ``|ψ|²``
-with ``E_L(x) = (Hψ)(x)/ψ(x)`` and ``L₂(x) = (H²ψ)(x)/ψ(x) = Σ_x' H_xx' ψ(x')/ψ(x) E_L(x')``:
+is never above ``E`` (Sorella, PRB 64, 024512 (2001); Hu et al., PRB 88, 060402 (2013) lower the
+10×10 J1-J2 energy so). Its variance needs ``c4``. By Monte Carlo over samples of ``|ψ|²``
+with ``E_L(x) = (Hψ)(x)/ψ(x)`` and ``L₂(x) = (H²ψ)(x)/ψ(x) = Σ_x' H_xx' ψ(x')/ψ(x) E_L(x')``,
+``D1 = E_L − E`` and ``D2 = L₂ − 2E E_L + E²``:
 
-    h1 = ⟨E_L⟩,  h2 = ⟨|E_L|²⟩,  h3 = ⟨Re(E_L* L₂)⟩,  h4 = ⟨|L₂|²⟩.
+    c2 = ⟨|D1|²⟩,  c3 = ⟨Re(D1* D2)⟩,  c4 = ⟨|D2|²⟩.
 
 ``L₂`` needs the local energies of every connected configuration, that is the connected
 configurations of the connected configurations: ``max_conn²`` amplitudes per sample, evaluated
 in chunks (each distinct configuration once). The error bars come from the chains: a
-jackknife over them (each chain's samples are one block), for ``E₁`` as for ``h1``.
+jackknife over them (each chain's samples are one block), for ``E₁`` as for ``E``.
 """
 
 from __future__ import annotations
@@ -35,16 +36,21 @@ _CONNECTED_PER_CHUNK = 4096
 
 @dataclass
 class Moments:
-    """``h_k = ⟨ψ|H^k|ψ⟩/⟨ψ|ψ⟩`` for k = 1..4."""
+    """ψ's energy ``mean = ⟨H⟩`` and central moments ``c_k = ⟨(H − mean)^k⟩``, k = 2..4.
 
-    h1: float
-    h2: float
-    h3: float
-    h4: float
+    Central moments, not ``⟨H^k⟩``: near an eigenstate ``⟨H²⟩ − ⟨H⟩²`` is a difference of
+    numbers 1e8 times larger than itself (the J1-J2 4×4's trained state), and the step's
+    energy from raw moments was off by its own size (2e-7 relative, below the ground state).
+    """
+
+    mean: float
+    c2: float
+    c3: float
+    c4: float
 
     @property
     def variance(self) -> float:
-        return self.h2 - self.h1**2
+        return self.c2
 
 
 @dataclass
@@ -71,20 +77,32 @@ class LanczosStep:
     n_samples: int
 
 
+def _central(shift: float, m1: float, m2: float, m3: float, m4: float) -> Moments:
+    """Returns the `Moments` from moments ``m_k = ⟨(H − shift)^k⟩`` about a shift near the
+    mean (then ``m1`` is small and the conversion loses nothing)."""
+    c2 = m2 - m1**2
+    c3 = m3 - 3 * m1 * m2 + 2 * m1**3
+    c4 = m4 - 4 * m1 * m3 + 6 * m1**2 * m2 - 3 * m1**4
+    return Moments(shift + m1, c2, c3, c4)
+
+
 def step_of(m: Moments) -> tuple[float, float, float]:
-    """Returns ``(E₁, σ₁², α)`` of the Lanczos step with moments ``m``; at an eigenstate
-    (``h2 = h1²``) ψ₁ is ψ."""
-    a, b, c = m.variance, m.h1 * m.h2 - m.h3, m.h1 * m.h3 - m.h2**2
-    scale = max(1.0, m.h1**2)
-    if a <= 1e-14 * scale:
-        return m.h1, max(m.variance, 0.0), 0.0
-    discriminant = max(b * b - 4 * a * c, 0.0)
-    energy = (-b - math.sqrt(discriminant)) / (2 * a)  # the lower root (a > 0)
-    denominator = m.h2 - energy * m.h1
-    alpha = -(m.h1 - energy) / denominator if denominator != 0 else 0.0
-    norm = 1 + 2 * alpha * m.h1 + alpha**2 * m.h2
-    second = (m.h2 + 2 * alpha * m.h3 + alpha**2 * m.h4) / norm
-    return energy, max(second - energy**2, 0.0), alpha
+    """Returns ``(E₁, σ₁², α)`` of the Lanczos step with moments ``m``.
+
+    In the orthonormal basis ``{ψ, (H − E)ψ/σ}`` H is ``E + [[0, σ], [σ, c3/σ²]]``, so
+    ``E₁ = E + t − √(t² + σ²)`` with ``t = c3/(2σ²)``; ``ψ₁ = ψ + (λ/σ²)(H − E)ψ`` with
+    ``λ = E₁ − E``, which is ``(1 + αH)ψ`` up to a factor. At an eigenstate ψ₁ is ψ."""
+    c2 = m.c2
+    if c2 <= 1e-300:
+        return m.mean, max(c2, 0.0), 0.0
+    t = m.c3 / (2 * c2)
+    root = math.sqrt(t * t + c2)
+    shift = -c2 / (t + root) if t > 0 else t - root  # the stable form of t − root
+    ratio = shift / c2  # ψ₁ = ψ + ratio · (H − E)ψ
+    alpha = ratio / (1 - ratio * m.mean) if 1 - ratio * m.mean != 0 else math.inf
+    r2 = ratio * ratio * c2  # |ratio (H − E)ψ|²
+    second = (c2 + 2 * ratio * m.c3 + ratio * ratio * m.c4) / (1 + r2)
+    return m.mean + shift, max(second - shift * shift, 0.0), alpha
 
 
 def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None):
@@ -112,16 +130,25 @@ def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None):
     return e_loc, torch.cat(parts)
 
 
+def _powers(e_loc, l2, shift: float) -> torch.Tensor:
+    """Returns per sample ``(H − s)ψ/ψ`` and ``(H − s)²ψ/ψ`` powers ``(4, ...)``:
+    ``D1 = E_L − s`` and ``D2 = L₂ − 2s E_L + s²`` give ``Re D1``, ``|D1|²``,
+    ``Re(D1* D2)``, ``|D2|²``."""
+    e, l2 = e_loc.to(torch.complex128), l2.to(torch.complex128)
+    d1 = e - shift
+    d2 = l2 - 2 * shift * e + shift**2
+    return torch.stack([d1.real, d1.abs() ** 2, (d1.conj() * d2).real, d2.abs() ** 2])
+
+
 def moments_of(e_loc: torch.Tensor, l2: torch.Tensor, weights=None) -> Moments:
     """Returns the `Moments` of ``E_L`` and ``L₂`` samples (weighted means with ``weights``,
     summing to 1: a full sum)."""
-    e, l2 = e_loc.to(torch.complex128), l2.to(torch.complex128)
-    values = torch.stack([e.real, e.abs() ** 2, (e.conj() * l2).real, l2.abs() ** 2])
-    if weights is None:
-        means = values.mean(dim=-1)
-    else:
-        means = (values * weights.to(torch.float64)).sum(dim=-1)
-    return Moments(*(float(v) for v in means))
+    e = e_loc.reshape(-1).to(torch.complex128)
+    w = None if weights is None else weights.reshape(-1).to(torch.float64)
+    shift = float(e.real.mean() if w is None else (w * e.real).sum())
+    values = _powers(e, l2.reshape(-1), shift)
+    means = values.mean(dim=-1) if w is None else (values * w).sum(dim=-1)
+    return _central(shift, *(float(v) for v in means))
 
 
 def lanczos_step(e_loc, l2, weights=None) -> LanczosStep:
@@ -131,19 +158,19 @@ def lanczos_step(e_loc, l2, weights=None) -> LanczosStep:
     flat_weights = None if weights is None else weights.reshape(-1)
     whole = moments_of(e_loc.reshape(-1), l2.reshape(-1), flat_weights)
     energy, variance, alpha = step_of(whole)
-    errors = {"h1": 0.0, "energy": 0.0}
+    errors = {"mean": 0.0, "energy": 0.0}
     if weights is None and e_loc.ndim > 1 and e_loc.shape[0] > 1:
         errors = jackknife_errors(e_loc, l2)
     extrapolated = math.nan
     if whole.variance > variance:
-        extrapolated = energy - variance * (whole.h1 - energy) / (whole.variance - variance)
+        extrapolated = energy - variance * (whole.mean - energy) / (whole.variance - variance)
     return LanczosStep(
         energy=energy,
         energy_error=errors["energy"],
         variance=variance,
         alpha=alpha,
-        energy_0=whole.h1,
-        energy_0_error=errors["h1"],
+        energy_0=whole.mean,
+        energy_0_error=errors["mean"],
         variance_0=max(whole.variance, 0.0),
         extrapolated=extrapolated,
         n_samples=int(e_loc.numel()),
@@ -152,25 +179,24 @@ def lanczos_step(e_loc, l2, weights=None) -> LanczosStep:
 
 def jackknife_errors(e_loc, l2) -> dict[str, float]:
     """Returns the jackknife errors over the chains (the rows of ``(n_chains, n_per_chain)``
-    samples, each chain one block) of ``h1``..``h4`` and of the step's ``E₁``."""
+    samples, each chain one block) of the mean, ``c2``, ``c3``, ``c4`` and the step's ``E₁``."""
     n, count = e_loc.shape[0], e_loc.shape[1]
-    e, l2 = e_loc.to(torch.complex128), l2.to(torch.complex128)
-    values = torch.stack([e.real, e.abs() ** 2, (e.conj() * l2).real, l2.abs() ** 2], dim=-1)
-    sums = values.sum(dim=1)  # (n, 4): each chain's sums
+    shift = float(e_loc.real.to(torch.float64).mean())
+    sums = _powers(e_loc, l2, shift).sum(dim=-1).T  # (n, 4): each chain's sums
     total = sums.sum(dim=0)
     estimates = []
     for left_out in range(n):
-        moments = Moments(*(float(v) for v in (total - sums[left_out]) / ((n - 1) * count)))
-        estimates.append([moments.h1, moments.h2, moments.h3, moments.h4, step_of(moments)[0]])
+        m = _central(shift, *(float(v) for v in (total - sums[left_out]) / ((n - 1) * count)))
+        estimates.append([m.mean, m.c2, m.c3, m.c4, step_of(m)[0]])
     estimates = np.array(estimates)  # (n, 5)
     spread = np.sqrt((n - 1) / n * ((estimates - estimates.mean(axis=0)) ** 2).sum(axis=0))
-    return dict(zip(("h1", "h2", "h3", "h4", "energy"), map(float, spread), strict=True))
+    return dict(zip(("mean", "c2", "c3", "c4", "energy"), map(float, spread), strict=True))
 
 
 def full_sum_moments(hamiltonian, model, chunk_size=None) -> Moments:
     """Returns the `Moments` summed over every state of the sector, from the normalised
-    vector ``v`` of ψ and ``w₁ = Hv``, ``w₂ = Hw₁``: ``h1 = ⟨v|w₁⟩``, ``h2 = ⟨w₁|w₁⟩``,
-    ``h3 = ⟨w₁|w₂⟩``, ``h4 = ⟨w₂|w₂⟩`` — exact, for the tests and small sectors."""
+    vector ``v`` of ψ: ``E = ⟨v|Hv⟩``, ``d₁ = (H − E)v``, ``d₂ = (H − E)d₁``, ``c2 = |d₁|²``,
+    ``c3 = ⟨d₁|d₂⟩``, ``c4 = |d₂|²`` — exact, for the tests and small sectors."""
     x = torch.as_tensor(hamiltonian.hilbert.all_states(), dtype=torch.float64)
     device = next(model.parameters()).device
     with torch.no_grad():
@@ -179,11 +205,12 @@ def full_sum_moments(hamiltonian, model, chunk_size=None) -> Moments:
     vector = np.exp(log_psi - log_psi.real.max())
     vector /= np.linalg.norm(vector)
     matrix = hamiltonian.to_sparse()
-    w1 = matrix @ vector
-    w2 = matrix @ w1
+    energy = float(np.vdot(vector, matrix @ vector).real)
+    d1 = matrix @ vector - energy * vector
+    d2 = matrix @ d1 - energy * d1
     return Moments(
-        float(np.vdot(vector, w1).real),
-        float(np.vdot(w1, w1).real),
-        float(np.vdot(w1, w2).real),
-        float(np.vdot(w2, w2).real),
+        energy,
+        float(np.vdot(d1, d1).real),
+        float(np.vdot(d1, d2).real),
+        float(np.vdot(d2, d2).real),
     )
