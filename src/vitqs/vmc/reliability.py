@@ -15,11 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
 from vitqs.physics import exact
-from vitqs.vmc.estimators import Stats, evaluate_log_psi
+from vitqs.vmc.estimators import Stats
+from vitqs.vmc.lanczos_step import full_sum_moments
 
 # Var(E)/max(1, E²) at or below this is 0 to rounding: a float64 sum of equal local energies
 # leaves ~1e-32; a trained 4-site ring 1e-9 above its ground state has Var/E² ~ 1e-9.
@@ -101,18 +99,9 @@ def judge_final(
 
 
 def full_sum_energy(hamiltonian, model, chunk_size: int | None = None) -> tuple[float, float]:
-    """Returns ``(E, Var)`` of ``model`` summed over every state of the sector, from the
-    normalised vector ``v`` and ``w = H v``: ``E = ⟨v|w⟩``, ``Var = ⟨w|w⟩ − E²``, zero
-    exactly for an eigenstate. Unlike ``Σ |ψ|² |E_loc − E|²`` it sees the weight H moves
-    onto states where ψ is too small for ``|ψ|²`` to be a float64 (a collapsed state)."""
-    hilbert = hamiltonian.hilbert
-    x = torch.as_tensor(hilbert.all_states(), dtype=torch.float64)
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        log_psi = evaluate_log_psi(model, x.to(device), chunk_size).cpu().to(torch.complex128)
-    log_psi = log_psi.numpy()
-    vector = np.exp(log_psi - log_psi.real.max())
-    vector /= np.linalg.norm(vector)
-    h_vector = hamiltonian.to_sparse() @ vector
-    energy = float(np.vdot(vector, h_vector).real)
-    return energy, float(np.vdot(h_vector, h_vector).real) - energy**2
+    """Returns ``(E, Var)`` of ``model`` summed over every state of the sector, from its
+    normalised vector ``v``: ``Var = |(H − E)v|²``, zero exactly for an eigenstate
+    (`lanczos_step.full_sum_moments`). Unlike ``Σ |ψ|² |E_loc − E|²`` it sees the weight H
+    moves onto states where ψ is too small for ``|ψ|²`` to be a float64 (a collapsed state)."""
+    moments = full_sum_moments(hamiltonian, model, chunk_size)
+    return moments.mean, moments.c2
