@@ -1,7 +1,7 @@
 """Accuracy against exact results: runs the benchmark configs and writes ``results/accuracy.md``.
 
 Each system of ``configs/benchmarks/`` is optimized within the wall-clock budget its config
-states (``optimizer.max_seconds``, overridable with ``--budget``), then measured; one JSON row
+states (the whole run's ``budget``, overridable with ``--budget``), then measured; one JSON row
 per run lands in ``<rows-dir>/`` and ``results/accuracy.md`` is rendered from all stored rows,
 so systems can be run one at a time and the table still comes out whole. With
 ``--with-netket`` each system also runs through netket's ViT (``scripts/netket_peer.py``: same
@@ -43,7 +43,8 @@ import h5py
 import numpy as np
 import yaml
 
-from vitqs.config import ConfigError  # no torch: the netket worker imports this file too
+# no torch: the netket worker imports this file too
+from vitqs.config import OPTIMISATION_SHARE, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 # The program's name when `vitqs bench accuracy` runs this script (None: the script's own).
@@ -196,7 +197,7 @@ def row_from_results(system: str, results_file: Path) -> dict:
         + _averaged(config.optimizer.average_from),
         "n_iter": summary["n_iter"],
         "seconds": summary["seconds"],
-        "budget_seconds": config.optimizer.max_seconds,
+        "budget_seconds": config.budget,
         "energy": summary["energy"],
         "energy_error": summary["energy_error"],
         "exact_energy": exact,
@@ -303,7 +304,8 @@ def start_netket(
             "n_samples": sampler.get("n_samples", 1024),
             "n_chains": sampler.get("n_chains", 256),
             "n_iter": opt.get("n_iter", 300),
-            "budget_seconds": budget if budget is not None else opt.get("max_seconds"),
+            # netket's budget counts its steps: ours' share of the whole run's
+            "budget_seconds": _steps_seconds(budget if budget is not None else data.get("budget")),
             "lr": NETKET_LR[kind],
             "diag_shift": opt.get("diag_shift", 1e-3),
             "final_n_samples": data.get("final", {}).get("n_samples", 8192),
@@ -675,10 +677,15 @@ def _load_row(rows_dir: Path, system: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _steps_seconds(budget: float | None) -> float | None:
+    """Returns the seconds a whole-run ``budget`` gives the steps (None: no budget)."""
+    return None if budget is None else budget * OPTIMISATION_SHARE
+
+
 def _run_systems(args, rows_dir: Path) -> None:
     for system in args.systems:
         path = CONFIG_DIR / f"{system}.yaml"
-        overrides = {} if args.budget is None else {"optimizer.max_seconds": args.budget}
+        overrides = {} if args.budget is None else {"budget": args.budget}
         peer = (run_netket, path, args.budget)
         if args.netket_only:
             row = _stored_row(rows_dir, system)
@@ -790,7 +797,7 @@ def _run_ablation(args, rows_dir: Path) -> None:
         if args.variants and label not in args.variants:
             continue
         if args.budget is not None:
-            overrides = {**overrides, "optimizer.max_seconds": args.budget}
+            overrides = {**overrides, "budget": args.budget}
         overrides = {**overrides, **dict(_parse_set(s) for s in args.set)}
         key = re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_")
         row = run_vitqs(path, overrides, f"ablation_{key}", rows_dir)

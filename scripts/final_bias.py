@@ -25,6 +25,7 @@ import torch
 
 from vitqs import results
 from vitqs.build import build_network, build_sampler
+from vitqs.config import final_samples
 from vitqs.report import enumerable_run, enumerated_energy, final_model
 from vitqs.runner import final_discard
 from vitqs.vmc.estimators import sample_statistics
@@ -62,7 +63,7 @@ def repeated_finals(
                 sampler.sample(last, n_discard=steps_sweeps)  # back in the steps' distribution
                 plain = sampler.of_psi_squared()
                 default = final_discard(config, plain)
-                samples = plain.draw(measured_model, config.final.n_samples, discard)
+                samples = plain.draw(measured_model, final_samples(config), discard)
                 e_loc = plain.local_energy(
                     hamiltonian, measured_model, samples, config.sampler.chunk_size
                 )

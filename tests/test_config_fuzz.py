@@ -45,12 +45,28 @@ def _sections():
     yield "hamiltonian", config.BoseHubbardConfig
 
 
+_SCHEDULES = [{"schedule": "linear", "start": 1, "end": 2}, {"start": 0.1}]
+# keys whose type says too little: a number or a schedule; one integer per axis, 0 <= n < L
+# (6 sites or 4)
+SPECIAL = {
+    "optimizer.lr": ["abc", -1.0, *NOT_FINITE, *_SCHEDULES, [1, 2]],
+    "optimizer.diag_shift": ["abc", -1.0, *NOT_FINITE, *_SCHEDULES, [1, 2]],
+    "model.momentum": [[-1], [6], [0, 0], "k", [1.5], [True], *HUGE],
+    "model.patch_size": ["two", [0], -1, 2.5, [1, 2, 3], 10**20, True],
+    # a bool, or one per axis of lattice.shape
+    "lattice.pbc": ["true", "yes", 1, 0.5, [1, 2], [True, "no"], [], [True, True, True], {"a": 1}],
+    "exact.enabled": ["maybe", 1, 0, 2.5, [True]],
+}
+
+
 def _bad_values(key: str, annotation: str) -> list:
     """Values no config may hold at ``key``, by the field's declared type."""
     kind = annotation.replace(" | None", "")
     wrong_type = [[1, 2], {"a": 1}]
     if key == "name":
         return ["", ".hidden", "a/b", "x" * 300, "nul\x00", "two\nlines", 5, True]
+    if key in SPECIAL:
+        return SPECIAL[key]
     if key.endswith("spin_flip"):  # a choice of 0, 1 and -1
         return [2, -2, 1.0, "one", True, *HUGE, *wrong_type]
     if kind == "int":
@@ -63,12 +79,6 @@ def _bad_values(key: str, annotation: str) -> list:
         return [[], [0], [-2], [1, 2, 3], "4x4", [2.5], [10**20], [4, True], [300, 300]]
     if kind == "dict":  # optimizer.anneal_from
         return ["U", [1], {}, {"U": "x"}, {"bogus": 1.0}, {"J1": float("nan")}]
-    if key == "model.patch_size":
-        return ["two", [0], -1, 2.5, [1, 2, 3], 10**20, True]
-    if key == "lattice.pbc":  # a bool, or one per axis of lattice.shape
-        return ["true", "yes", 1, 0.5, [1, 2], [True, "no"], [], [True, True, True], {"a": 1}]
-    if key == "exact.enabled":
-        return ["maybe", 1, 0, 2.5, [True]]
     if key in ("device", "output.dir", "model.init_from"):
         return ["", "   ", "a\x00b", "two\nlines", 3, True, *wrong_type] + (
             ["bogus", "cuda:x", "cpu0"] if key == "device" else []

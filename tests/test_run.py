@@ -31,7 +31,7 @@ from helpers import (
 )
 
 from vitqs import results
-from vitqs.config import from_dict
+from vitqs.config import MOST_FINAL_SAMPLES, OPTIMISATION_SHARE, from_dict, upgrade_stored
 from vitqs.results import EXACT_FIELDS, FINAL_FIELDS, HISTORY_FIELDS
 from vitqs.runner import run_config
 
@@ -49,6 +49,8 @@ SUMMARY_KEYS = {
     "seconds",
     "seconds_per_iter",
     "note",
+    "final_samples",
+    "stopped_by",
     "results_file",
 }
 
@@ -307,7 +309,7 @@ def test_a_run_in_progress_is_not_written_over_by_a_second_process(tmp_path, cap
     try:
         _wait_for_checkpoint(process, h5)
         for flag in ("--resume", "--overwrite"):  # a budget: unguarded, they would end
-            budget = ("--set", "optimizer.max_seconds=3")
+            budget = ("--set", "budget=3")
             code, _, err = run_main(capsys, "run", path, flag, *budget, "--quiet")
             assert_one_line_error(code, err, str(h5), "another vitqs process")
         assert process.poll() is None  # the first run goes on
@@ -363,36 +365,79 @@ def test_report_writes_figures_and_a_table(tmp_path, capsys):
             assert str(png) in out
 
 
-def test_max_seconds_stops_the_loop_and_still_measures(tmp_path):
-    # a budget spent by the first step: one iteration, then the usual final measurement
-    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 50, "max_seconds": 1e-6})
+def test_a_budget_spent_in_setting_up_measures_the_initial_state(tmp_path):
+    # the budget is the whole run's: spent before the first step, no step is made, and the
+    # final measurement draws one batch, saying the budget ended it
+    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 50}, budget=1e-6)
     summary = run_config(from_dict(data), progress=False)
-    assert summary["n_iter"] == 1
+    assert summary["n_iter"] == 0 and summary["stopped_by"] == "budget"
     record = results.read_results(summary["results_file"])
     assert record.status == "finished" and record.final["energy"] == summary["energy"]
+    assert record.final["n_samples"] == data["sampler"]["n_samples"]
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_the_budget_is_the_whole_run(tmp_path):
+    # steps until 85 % of it, then final samples until it ends (the most final.n_samples
+    # allows is far more than the time holds): the whole run within 5 % of its budget, and
+    # short of it by no more than what the observables' share may leave unused
+    budget = 12.0
+    data = tiny_heisenberg(tmp_path / "out", budget=budget)
+    del data["optimizer"]["n_iter"], data["final"]["n_samples"]
+    summary = run_config(from_dict(data), progress=False)
+    record = results.read_results(summary["results_file"])
+    assert 0.9 * budget <= summary["seconds"] <= 1.05 * budget, summary["seconds"]
+    assert record.final["seconds"] == summary["seconds"]
+    assert summary["stopped_by"] == "budget" and summary["final_samples"] < MOST_FINAL_SAMPLES
+    assert summary["n_iter"] > 10  # no n_iter: the budget ends the steps
+
+
+def test_a_target_error_ends_the_final_measurement(tmp_path):
+    # a loose target is met after the first batches: far fewer samples than the most
+    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 3})
+    data["final"] = {"target_error": 0.05, "n_samples": 65536}
+    summary = run_config(from_dict(data), progress=False)
+    assert summary["stopped_by"] == "target_error"
+    assert summary["final_samples"] < 65536
+    assert summary["energy_error"] <= 0.05 * abs(summary["energy"])
+    # the first half of every chain was discarded: the kept samples are the later batches
+    record = results.read_results(summary["results_file"])
+    assert record.final["n_discard"] >= data["sampler"].get("n_discard", 16)
 
 
 def test_a_run_resumed_after_its_budget_is_measured_again_without_another_step(tmp_path):
     # re-measuring a finished run (e.g. with more final samples) measures the state it ended
     # in: the parameters of the file, not those of one more step
-    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 50, "max_seconds": 1e-6})
+    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 50}, budget=1e-6)
     first = run_config(from_dict(data), progress=False)
     before = results.read_results(first["results_file"])
     data["final"]["n_samples"] = 256
     again = run_config(from_dict(data), resume=True, progress=False)
     after = results.read_results(again["results_file"])
-    assert again["n_iter"] == first["n_iter"] == 1
-    assert after.final["n_samples"] == 256 and after.final["energy"] != before.final["energy"]
-    assert len(after.history) == len(before.history) == 1
+    assert again["n_iter"] == first["n_iter"] == 0
+    # the budget spent: one batch, from chains that went on
+    assert after.final["n_samples"] == 64 and after.final["energy"] != before.final["energy"]
+    assert len(after.history) == len(before.history) == 0
 
 
-def test_max_seconds_must_be_positive_or_null(tmp_path):
+def test_budget_must_be_positive_or_null(tmp_path):
     from vitqs.config import ConfigError
 
-    data = tiny_heisenberg(tmp_path, optimizer={"max_seconds": 0})
-    with pytest.raises(ConfigError, match="optimizer.max_seconds"):
-        from_dict(data)
-    assert from_dict(tiny_heisenberg(tmp_path)).optimizer.max_seconds is None
+    for bad in (0, -1, 1e300):
+        with pytest.raises(ConfigError, match="budget"):
+            from_dict(tiny_heisenberg(tmp_path, budget=bad))
+    assert from_dict(tiny_heisenberg(tmp_path)).budget is None
+
+
+def test_the_old_optimisation_budget_names_the_whole_runs(tmp_path):
+    from vitqs.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"optimizer.max_seconds=1200: .* budget: <seconds>"):
+        from_dict(tiny_heisenberg(tmp_path, optimizer={"max_seconds": 1200}))
+    # null meant no budget, and still does; a stored one keeps its steps' seconds
+    assert from_dict(tiny_heisenberg(tmp_path, optimizer={"max_seconds": None})).budget is None
+    stored = upgrade_stored({"optimizer": {"max_seconds": 850.0}})
+    assert stored == {"optimizer": {}, "budget": pytest.approx(850.0 / OPTIMISATION_SHARE)}
 
 
 @pytest.mark.parametrize("symmetrize", ["translations", "space_group"])

@@ -190,7 +190,7 @@ def test_a_finished_point_is_read_back_only_while_nothing_it_computed_changed(tm
 
     # where and how it runs: read back untouched, as is a budget that did not end it
     mtime = point.stat().st_mtime_ns
-    assert again(device="cpu", threads=2, **{"optimizer.max_seconds": 1e4})[0] == 0
+    assert again(device="cpu", threads=2, budget=1e4)[0] == 0
     assert point.stat().st_mtime_ns == mtime
 
     # another final measurement: measured again, the steps kept
@@ -212,7 +212,7 @@ def test_a_finished_point_is_read_back_only_while_nothing_it_computed_changed(tm
 
     # fewer steps or a smaller budget than it ran: its result is not this config's
     before = point.read_bytes()
-    for smaller in ({"optimizer.n_iter": 3}, {"optimizer.max_seconds": 1e-3}):
+    for smaller in ({"optimizer.n_iter": 3}, {"budget": 1e-3}):
         code, _, err = again(**{**overrides, **smaller})
         assert_one_line_error(code, err, str(point), next(iter(smaller)))
     assert point.read_bytes() == before

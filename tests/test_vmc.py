@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from helpers import ComplexRBM, exact_ground_state, tiny_bose_hubbard, tiny_heisenberg
@@ -154,6 +155,52 @@ def test_nan_guard_stops_with_an_error_naming_the_step_and_last_energy():
     assert error.value.last_energy == pytest.approx(results[-1].energy.mean.real)
     assert f"{results[-1].energy.mean.real:.6f}"[:8] in str(error.value)
     assert all(torch.isfinite(parameter_vector(model)))
+
+
+class ClaimedBound:
+    """Wraps a Hamiltonian; its lower bound is the next of ``bounds`` at each call (the
+    last one after them): a guard test can put the bound above the energy for one step."""
+
+    def __init__(self, hamiltonian, bounds):
+        self._hamiltonian, self.bounds = hamiltonian, list(bounds)
+
+    def __getattr__(self, name):
+        return getattr(self._hamiltonian, name)
+
+    def lower_bound(self):
+        return self.bounds.pop(0) if len(self.bounds) > 1 else self.bounds[0]
+
+
+def test_an_energy_below_the_lower_bound_is_retried_from_before_the_last_update():
+    # the seed-1 J1-J2 4x4 blow-up: finite steps whose energy (-30,920) was far below any
+    # eigenvalue (-36) passed the NaN guard and the run went on from a broken state
+    ring = Heisenberg(Lattice((4,)))
+    hamiltonian = ClaimedBound(ring, [-math.inf, 100.0, -math.inf])  # step 1's first try
+    model = ComplexRBM(4, seed=5)
+    vmc = VMC(hamiltonian, model, ExactSampler(ring.hilbert), OptimizerConfig(lr=0.05))
+    first = vmc.step()
+    retried = vmc.step()
+    assert retried.n_retries == 1 and retried.energy.mean == pytest.approx(first.energy.mean)
+    stuck = VMC(ClaimedBound(ring, [100.0]), ComplexRBM(4, seed=5), ExactSampler(ring.hilbert))
+    with pytest.raises(NonFiniteEnergyError, match="below the Hamiltonian's lower bound"):
+        stuck.step()
+
+
+@pytest.mark.parametrize(
+    "hamiltonian",
+    [
+        Heisenberg(Lattice((4, 2)), J2=0.5),
+        Heisenberg(Lattice((6,)), sign_rule=True),
+        Heisenberg(Lattice((3, 2), kind="ladder"), J2=-0.3),
+        BoseHubbard(Lattice((4,)), U=3.3, n_particles=4),
+        BoseHubbard(Lattice((3,)), J=-1.0, U=-2.0, mu=0.5, n_particles=3, n_max=2),
+        BoseHubbard(Lattice((2, 2)), U=1.0, n_particles=3),
+    ],
+    ids=["j1j2 4x2", "ring sign rule", "ladder J2<0", "bh chain", "bh attractive", "bh 2x2"],
+)
+def test_the_lower_bound_is_below_every_eigenvalue(hamiltonian):
+    spectrum = np.linalg.eigvalsh(hamiltonian.to_sparse().toarray())
+    assert hamiltonian.lower_bound() <= spectrum[0] + 1e-12
 
 
 def test_non_finite_update_is_not_applied(monkeypatch):
@@ -508,9 +555,9 @@ def test_schedules_follow_a_wall_clock_budget_that_ends_first():
         lr={"schedule": "exponential", "start": 0.1, "end": 0.001},
         diag_shift={"schedule": "exponential", "start": 1e-2, "end": 1e-4},
         n_iter=100,
-        max_seconds=100.0,
     )
-    vmc = VMC(hamiltonian, ComplexRBM(4, seed=1), ExactSampler(hamiltonian.hilbert), settings)
+    model, sampler = ComplexRBM(4, seed=1), ExactSampler(hamiltonian.hilbert)
+    vmc = VMC(hamiltonian, model, sampler, settings, max_seconds=100.0)
     assert vmc.step().lr == pytest.approx(0.1)
     vmc.seconds = 50.0  # the loop's clock, which run() keeps
     result = vmc.step()

@@ -16,7 +16,13 @@ import numpy as np
 import torch
 
 from vitqs import distributed
-from vitqs.config import BoseHubbardConfig, Config, ConfigError, HeisenbergConfig
+from vitqs.config import (
+    BoseHubbardConfig,
+    Config,
+    ConfigError,
+    HeisenbergConfig,
+    optimisation_seconds,
+)
 from vitqs.models import build_model, final_symmetrized, invariances, sector_characters
 from vitqs.models.chains import ChainNetwork
 from vitqs.models.precision import torch_dtype
@@ -189,6 +195,7 @@ def build_vmc(config: Config) -> VMC:
         chunk_size=config.sampler.chunk_size,
         local_energy_dtype=torch_dtype(config.sampler.local_energy_dtype),
         anneal=Anneal(config, hamiltonian) if annealed else None,
+        max_seconds=optimisation_seconds(config),
     )
 
 

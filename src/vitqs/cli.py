@@ -11,6 +11,7 @@ from pathlib import Path
 
 from vitqs import __version__
 from vitqs.config import ConfigError, load
+from vitqs.errors import first_line
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +62,20 @@ def _parser() -> argparse.ArgumentParser:
         "--full-sum", action="store_true", help="sum every state of the sector (no noise)"
     )
     lanczos.add_argument("--json", action="store_true", help="end stdout with one JSON line")
+
+    sectors = commands.add_parser(
+        "sectors", help="find the ground state's symmetry sector by short runs, without ED"
+    )
+    _add_config_arguments(sectors)
+    sectors.add_argument(
+        "--seconds", type=float, default=None, help="wall-clock time of the whole search"
+    )
+    sectors.add_argument(
+        "--first-steps",
+        type=int,
+        default=None,
+        help="steps of the first round without --seconds (doubling each round)",
+    )
 
     bench = commands.add_parser("bench", help="benchmarks: accuracy against ED, speed per step")
     benches = bench.add_subparsers(dest="bench", required=True)
@@ -210,6 +225,52 @@ def _cmd_lanczos(args) -> int:
     return 0
 
 
+def _cmd_sectors(args) -> int:
+    from vitqs.build import build_hamiltonian, run_exact
+    from vitqs.models.sectors import same_sector
+    from vitqs.sector_search import FIRST_STEPS, search
+
+    if args.seconds is not None and not 0 < args.seconds <= 1e7:
+        raise ConfigError(f"sectors: --seconds={args.seconds:g} must be in (0, 1e7]")
+    if args.first_steps is not None and args.first_steps < 1:
+        raise ConfigError(f"sectors: --first-steps={args.first_steps} must be >= 1")
+    config = load(args.config, args.overrides)
+    result = search(config, seconds=args.seconds, first_steps=args.first_steps or FIRST_STEPS)
+    print(f"{config.name}: {len(result.trials)} candidate sectors, {result.seconds:.1f} s")
+    for row in result.rows():
+        energy = "" if row["energy"] is None else f"{row['energy']:.8f} ± {row['energy_error']:.1e}"
+        why = f"  {row['refused']}" if row["refused"] else ""
+        print(f"  {row['sector']:<36} {energy:<28} {row['steps']:>5} steps{why}")
+    chosen = result.chosen
+    print(f"chosen  {chosen.label()}, {result.margin_sigma:.3g} σ below the runner-up")
+    print(
+        f"        model: {{momentum: {list(chosen.momentum)}, point_characters: "
+        f"{list(chosen.point_characters)}, spin_flip: {chosen.spin_flip}}}"
+    )
+    check = None
+    if config.exact.enabled is not False:
+        try:
+            exact_sector = run_exact(config)["sector"]
+        except ConfigError as err:
+            print(f"ED      none ({first_line(err, 120)})")
+        else:
+            check = same_sector(build_hamiltonian(config).lattice, chosen, exact_sector)
+            print(f"ED      {_sector_text(exact_sector)}: {'agrees' if check else 'DIFFERS'}")
+    if args.json:
+        print(
+            json_line(
+                {
+                    "chosen": chosen.keys(),
+                    "margin_sigma": result.margin_sigma,
+                    "seconds": result.seconds,
+                    "ed_agrees": check,
+                    "trials": result.rows(),
+                }
+            )
+        )
+    return 0
+
+
 def _cmd_sweep(args) -> int:
     from vitqs import distributed
     from vitqs.build import resolve_device
@@ -302,6 +363,7 @@ _COMMANDS = {
     "sweep": _cmd_sweep,
     "report": _cmd_report,
     "lanczos": _cmd_lanczos,
+    "sectors": _cmd_sectors,
     "bench": _cmd_bench,
 }
 

@@ -33,6 +33,8 @@ MAX_THREADS = 4096
 # seconds; datetime.timedelta (the process group's timeout) overflows near 1e14, and a
 # collective that waits longer than 100 days waits for nothing
 MAX_TIMEOUT = 1e7
+# A wall-clock budget beyond 115 days is a typo (as a timeout would be).
+MAX_BUDGET = 1e7
 
 
 def integer(minimum=None, maximum=MAX_INTEGER):
@@ -564,6 +566,22 @@ class ModelConfig(Section):
         "that group. null: all +1.",
         allowed="list of +1 / -1, or null",
     )
+    sector: str = option(
+        "given",
+        choice("given", "search"),
+        doc="`search`: the run finds the ground state's symmetry sector itself before its "
+        "steps, by short runs of this network projected on every candidate sector (one "
+        "momentum per star, each real character of its little group, each spin inversion; "
+        "successive halving by energy; `vitqs sectors` runs it alone), then trains in the "
+        "winner from the winner's state (averaged over the translations unless `symmetrize` "
+        "says otherwise; the final state over the space group unless `final.symmetrize` "
+        "does); the table and the "
+        "margin are kept in the results file, and ED, where it exists, only checks the "
+        "choice. Under a `budget` the search takes a tenth of it (50 steps a candidate at "
+        "least). `given`: the sector of "
+        "`momentum`, `point_characters` and `spin_flip` (k = 0, all +1, none by default).",
+        allowed="`given` | `search`",
+    )
     # why 0.1: at S^z = 0 the uniform state is the fully polarised multiplet's member, an
     # exact eigenstate of any SU(2)-symmetric H, where the energy gradient vanishes. At 1e-2
     # the log-derivatives (~std², ~1e-4) sink below SR's diagonal shift and a J1-J2 run
@@ -773,7 +791,7 @@ class OptimizerConfig(Section):
         schedule(positive=True),
         resumable=True,
         doc="Learning rate η: θ ← θ − η·δθ. A schedule moves it from `start` to `end` over "
-        "`n_iter`, or over `max_seconds` when the budget ends first.",
+        "`n_iter`, or over the optimisation's share of `budget` when that ends first.",
         allowed="float > 0, or `{schedule: exponential | cosine, start, end}`",
     )
     diag_shift: Any = option(
@@ -783,24 +801,20 @@ class OptimizerConfig(Section):
         doc="λ added to the diagonal of S (or of the minSR kernel); a schedule as for `lr`.",
         allowed="float ≥ 0, or `{schedule: exponential | cosine, start, end}`",
     )
-    n_iter: int = option(
-        300, integer(1), resumable=True, doc="Optimisation steps.", allowed="int ≥ 1"
-    )
-    max_seconds: float | None = option(
+    n_iter: int | None = option(
         None,
-        optional(real(positive=True)),
+        optional(integer(1)),
         resumable=True,
-        doc="Wall-clock budget of the optimisation loop in seconds, counted across resumes: the "
-        "run stops after the step that spends it and measures the final state. Schedules run "
-        "over `n_iter` or this budget, whichever ends first. null: no budget.",
-        allowed="float > 0, or null",
+        doc="Optimisation steps. null: 300 without a `budget`; with one, as many as its "
+        "optimisation share allows.",
+        allowed="int ≥ 1, or null",
     )
     average_from: float | None = option(
         None,
         optional(real(minimum=0.0, maximum=1.0)),
         doc="The final state is the mean of the parameters after this fraction of the run (of "
-        "`n_iter` or `max_seconds`): Polyak averaging of the noisy iterates. null: the last "
-        "parameters.",
+        "`n_iter` or of the budget's share for the steps): Polyak averaging of the noisy "
+        "iterates. null: the last parameters.",
         allowed="float in [0, 1], or null",
     )
     momentum: float | None = option(
@@ -824,7 +838,7 @@ class OptimizerConfig(Section):
     anneal_until: float | None = option(
         None,
         optional(real(positive=True, maximum=1.0)),
-        doc="The fraction of the run (of `n_iter` or `max_seconds`) over which `anneal_from` "
+        doc="The fraction of the run (of `n_iter` or the budget's share) over which `anneal_from` "
         "reaches the config's couplings; required with it, and `average_from` must not start "
         "before it. null: with no `anneal_from`.",
         allowed="float in (0, 1], or null",
@@ -859,12 +873,23 @@ class ExactConfig(Section):
 class FinalConfig(Section):
     prefix = "final."
 
-    n_samples: int = option(
-        8192,
-        integer(1),
+    n_samples: int | None = option(
+        None,
+        optional(integer(1)),
         resumable=True,
-        doc="Samples of the final energy and observables.",
-        allowed="int ≥ 1",
+        doc="Samples of the final energy and observables: with a `budget` or `target_error`, the "
+        "most the final measurement takes (it stops earlier when the budget ends or the target "
+        "is reached; `final/stopped_by` says which). null: 8192 without either; with one, "
+        "1,048,576.",
+        allowed="int ≥ 1, or null",
+    )
+    target_error: float | None = option(
+        None,
+        optional(real(positive=True)),
+        resumable=True,
+        doc="Relative error of the final energy (σ/|E|, one standard error) at which the final "
+        "measurement stops drawing samples. null: none; the samples or the budget end it.",
+        allowed="float > 0, or null",
     )
     symmetrize: str = option(
         "none",
@@ -995,6 +1020,17 @@ class Config(Section):
         doc="torch's CPU threads. null: torch's default.",
         allowed="int 1–4096, or null",
     )
+    budget: float | None = option(
+        None,
+        optional(real(positive=True, maximum=MAX_BUDGET)),
+        resumable=True,
+        doc="Wall-clock seconds of the whole run, counted across resumes: setting up (ED "
+        "included), the optimisation (until 85 % of it is spent) and the final measurement, "
+        "which then draws samples until the budget ends (`final.n_samples` at most). The "
+        "summary and `final/seconds` give the time taken. null: no budget; the run ends after "
+        "`optimizer.n_iter` steps and `final.n_samples` samples.",
+        allowed="float, 0 < t ≤ 1e7, or null",
+    )
     lattice: LatticeConfig | None = None  # required, as is the hamiltonian
     hamiltonian: HeisenbergConfig | BoseHubbardConfig | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -1062,6 +1098,44 @@ def key_defaults() -> dict:
     return {**RETIRED_KEYS, **defaults}
 
 
+# ---- what a budget leaves to each part of the run ----------------------------------------
+
+# The steps' share of a whole-run `budget`; the final measurement has the rest. Why 0.85: a
+# 2σ goal of 1e-5 or below takes 10^5–10^6 final samples, which took 8 % of the J1-J2 4×4
+# recipe's run (100 s after 1,200 s of steps), and the observables and the file come after.
+OPTIMISATION_SHARE = 0.85
+DEFAULT_STEPS = 300  # without a budget
+DEFAULT_FINAL_SAMPLES = 8192  # without a budget or a target error
+MOST_FINAL_SAMPLES = 2**20  # with one: what the final measurement takes at most
+
+
+def optimisation_seconds(config: Config) -> float | None:
+    """Returns the seconds the steps may run (counted from the run's start, across resumes),
+    or None without a budget."""
+    return None if config.budget is None else config.budget * OPTIMISATION_SHARE
+
+
+def n_steps(config: Config) -> int | None:
+    """Returns the optimisation steps: ``optimizer.n_iter``, else 300 without a budget and
+    None (the budget ends it) with one."""
+    if config.optimizer.n_iter is not None:
+        return config.optimizer.n_iter
+    return DEFAULT_STEPS if config.budget is None else None
+
+
+def final_open_ended(config: Config) -> bool:
+    """Returns whether the final measurement draws until a budget or a target error ends
+    it (else exactly `final_samples`)."""
+    return config.budget is not None or config.final.target_error is not None
+
+
+def final_samples(config: Config) -> int:
+    """Returns the final measurement's samples (its most, when `final_open_ended`)."""
+    if config.final.n_samples is not None:
+        return config.final.n_samples
+    return MOST_FINAL_SAMPLES if final_open_ended(config) else DEFAULT_FINAL_SAMPLES
+
+
 # ---- building and validating --------------------------------------------------------------
 
 
@@ -1091,11 +1165,17 @@ _LEGACY_SCHEDULES = ("lr", "diag_shift")
 
 def upgrade_stored(data):
     """Returns a stored config (the ``config_yaml`` of a results file) in today's keys: its
-    schedules of three keys as one value. Other data, and today's configs, unchanged."""
+    schedules of three keys as one value, its optimisation budget ``optimizer.max_seconds``
+    as the whole run's (its steps keep their seconds; the ``final.n_samples`` it stored is
+    then the final measurement's most). Other data, and today's configs, unchanged."""
     optimizer = data.get("optimizer") if isinstance(data, dict) else None
     if not isinstance(optimizer, dict):
         return data
     optimizer = dict(optimizer)
+    if "max_seconds" in optimizer:  # before issue 52 the budget counted the steps only
+        seconds = optimizer.pop("max_seconds")
+        if seconds is not None and data.get("budget") is None:
+            data = {**data, "budget": seconds / OPTIMISATION_SHARE}
     for name in _LEGACY_SCHEDULES:
         kind = optimizer.pop(f"{name}_schedule", None)
         final = optimizer.pop(f"{name}_final", None)
@@ -1122,9 +1202,17 @@ def _without_retired(data: dict, prefix: str) -> dict:
 
 
 def _refuse_legacy_schedules(data: dict, prefix: str) -> None:
-    """Raises for a schedule written as three keys, naming the one value that says it now."""
+    """Raises for a schedule written as three keys, naming the one value that says it now,
+    and for the optimisation-only budget, naming the whole run's."""
     if prefix != "optimizer.":
         return
+    if data.get("max_seconds") is not None:
+        seconds = data["max_seconds"]
+        raise ConfigError(
+            f"optimizer.max_seconds={shown(seconds)}: the wall-clock budget covers the whole "
+            f"run now (the final measurement too; the steps get {OPTIMISATION_SHARE:.0%} of "
+            f"it); write the top-level key budget: <seconds> instead"
+        )
     for name in _LEGACY_SCHEDULES:
         if f"{name}_final" in data or f"{name}_schedule" in data:
             today = upgrade_stored({"optimizer": data})["optimizer"].get(name)
@@ -1145,6 +1233,8 @@ def _build(cls, data, prefix: str):
     if not isinstance(data, dict):
         raise ConfigError(f"{section} must be a mapping of keys to values, got {describe(data)}")
     _refuse_legacy_schedules(data, prefix)
+    if prefix == "optimizer." and "max_seconds" in data:  # null: no budget, as before
+        data = {key: value for key, value in data.items() if key != "max_seconds"}
     data = _without_retired(data, prefix)
     fields = [f.name for f in dataclasses.fields(cls)]
     for key in data:
@@ -1244,11 +1334,28 @@ def _check_consistency(config: Config) -> None:
     _check_sign_prior(config)
     _check_final_spin_flip(config)
     _check_singlet_flip(config)
+    _check_sector_search(config.model)
     _check_momentum_sector(config)
     _check_point_characters(config)
     _check_momentum(config.optimizer)
     _check_anneal(config)
     _check_metropolis_only(config)
+
+
+def _check_sector_search(model: ModelConfig) -> None:
+    if model.sector != "search":
+        return
+    given = {
+        key: getattr(model, key)
+        for key in ("momentum", "point_characters", "spin_flip", "init_from")
+        if getattr(model, key) not in (None, 0)
+    }
+    if given:
+        key, value = next(iter(given.items()))
+        raise ConfigError(
+            f"model.sector=search finds the sector itself, from a random start; "
+            f"model.{key}={shown(value)} gives it: drop the key, or set model.sector: given"
+        )
 
 
 def _check_final_spin_flip(config: Config) -> None:

@@ -18,9 +18,8 @@ import torch
 from vitqs import results, workfile
 from vitqs.build import build_hamiltonian, build_network, build_sampler, final_network
 from vitqs.checkpoint import stored_config
-from vitqs.config import ConfigError, from_dict
+from vitqs.config import ConfigError, final_samples, from_dict
 from vitqs.physics import exact
-from vitqs.runner import final_discard
 from vitqs.vmc.lanczos_step import full_sum_moments, lanczos_step, second_local_energy, step_of
 
 # sectors summed whole by --full-sum: the two matrix-vector products of a sparse matrix
@@ -32,8 +31,8 @@ def lanczos_of_file(
 ) -> dict:
     """Makes the Lanczos step of the finished run at ``path``, writes it into the file and
     returns it (keys `results.LANCZOS_FIELDS`). ``n_samples``: Monte Carlo samples (default
-    the run's ``final.n_samples``). ConfigError for a file that is not a finished run, or a
-    sector too large to sum."""
+    as many as the run's final measurement took). ConfigError for a file that is not a
+    finished run, or a sector too large to sum."""
     path = Path(path)
     start = time.perf_counter()
     with workfile.sole_writer(path):  # no run writes the file meanwhile
@@ -73,8 +72,10 @@ def _sampled_step(config, hamiltonian, model, measured, record, n_samples) -> di
         with contextlib.suppress(ValueError):  # chains of another sector: random ones
             sampler.start_chains(chains)
     sampler = sampler.measuring()
-    n_samples = config.final.n_samples if n_samples is None else n_samples
-    samples = sampler.draw(measured, n_samples, final_discard(config, sampler))
+    if n_samples is None:  # as many as the final measurement took
+        n_samples = int((record.final or {}).get("n_samples") or final_samples(config))
+    discard = sampler.discard_before(n_samples, config.final.n_discard)
+    samples = sampler.draw(measured, n_samples, discard)
     x = samples.x.reshape(-1, hamiltonian.n_sites)
     e_loc, l2 = second_local_energy(
         hamiltonian, measured, x, samples.log_psi.reshape(-1), config.sampler.chunk_size

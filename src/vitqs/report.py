@@ -11,6 +11,7 @@ decade of ``|φ(x)|²``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -103,7 +104,26 @@ def _notes(records, unwritten=()) -> str:
             lines.append(f"- {record.name}: {record.final['note']}")
         if record.lanczos:
             lines.append(f"- {record.name}: {lanczos_text(record.lanczos)}")
+        if record.sector_search:
+            lines.append(f"- {record.name}: {sector_search_text(record.sector_search)}")
     return "".join(f"{printable(line)}\n" for line in ["", *lines]) if lines else ""
+
+
+def sector_search_text(kept: str) -> str:
+    """Returns a results file's sector search (``model.sector: search``) as one line; a text
+    that is not the JSON a run writes is said to be unreadable, not raised."""
+    try:
+        data = json.loads(kept)
+        chosen, trials = data["chosen"], data["trials"]
+        margin = data["margin_sigma"]
+        margin = "alone" if margin is None else f"{float(margin):.3g} σ below the runner-up"
+        return (
+            f"sector search: momentum {list(chosen['momentum'])}, point_characters "
+            f"{list(chosen['point_characters'])}, spin_flip {chosen['spin_flip']} out of "
+            f"{len(trials)} candidates ({margin}, {float(data['seconds']):.0f} s)"
+        )
+    except (ValueError, KeyError, TypeError):
+        return "sector search: its record does not read"
 
 
 def lanczos_text(row: dict) -> str:

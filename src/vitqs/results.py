@@ -17,7 +17,8 @@ Layout (format_version 2)::
                                  created, updated, seed, config_yaml, versions_json,
                                  conventions, n_sites, n_params, e_inf; failure (a failed
                                  run's reason), initial_state (seed | previous point |
-                                 init_from; both absent in older files)
+                                 init_from; both absent in older files), sector_search
+                                 (JSON: the choice and table of model.sector: search)
     /history/<field>      1-D, one entry per iteration, resizable; fields = HISTORY_FIELDS
     /exact                attrs EXACT_FIELDS                       (only with an exact reference)
     /final                attrs FINAL_FIELDS                       (only once the run finished;
@@ -126,7 +127,7 @@ _LATER_HISTORY_FIELDS = ("n_samples", "anneal_fraction")
 EXACT_FIELDS = ("energy", "energy_per_site", "dimension", "seconds", "reference")
 # integer attrs cannot fall back to NaN, so they are required when the group is written
 _INT_ATTRS = ("dimension", "n_samples", "full_sum")
-_TEXT_ATTRS = ("reference", "note")
+_TEXT_ATTRS = ("reference", "note", "stopped_by")
 
 CONVENTIONS = (
     "S = sigma/2; H_heis = J1 sum_<ij> S_i.S_j + J2 sum_<<ij>> S_i.S_j; "
@@ -254,6 +255,8 @@ class RunRecord:
     # where the parameters started: "seed" (random), "previous point" (a sweep's warm
     # start), "init_from" (model.init_from); "" in files written before it was kept
     initial_state: str = ""
+    # ``model.sector: search``: the search's choice, margin, seconds and table, as JSON text
+    sector_search: str = ""
 
     def __setattr__(self, name, value):
         if name == "history" and not isinstance(value, History):
@@ -292,6 +295,8 @@ class FinalRow:
     n_discard: int  # thermalisation sweeps per chain before the kept samples (0: a full sum)
     acceptance: float  # of the final measurement's chains (NaN: a full sum)
     note: str | None = None  # what a reader must know to trust the numbers (a zero variance)
+    # what ended the measurement (`vmc.measurement.STOPPED_BY`); None: files before issue 52
+    stopped_by: str | None = None
 
     @classmethod
     def of(
@@ -303,6 +308,7 @@ class FinalRow:
         n_discard: int,
         acceptance: float = math.nan,
         note: str | None = None,
+        stopped_by: str | None = None,
     ) -> dict[str, float]:
         """Returns the final group of ``record`` measured as the `Stats` ``energy``, as a
         dict: V-score and relative error from the record's ``e_inf`` and exact energy, the
@@ -325,6 +331,7 @@ class FinalRow:
                 n_discard=n_discard,
                 acceptance=acceptance,
                 note=note,
+                stopped_by=stopped_by,
             )
         )
 
@@ -512,6 +519,8 @@ def _write_root_attrs(f: h5py.File, record: RunRecord) -> None:
         f.attrs["failure"] = record.failure
     if record.initial_state:
         f.attrs["initial_state"] = record.initial_state
+    if record.sector_search:
+        f.attrs["sector_search"] = record.sector_search
 
 
 def _write_history(group: h5py.Group, record: RunRecord) -> None:
@@ -593,6 +602,7 @@ def _read_file(f: h5py.File, path: Path) -> RunRecord:
         history=_read_history(_group(f, "history", path), path),
         failure=attrs.text("failure") if "failure" in f.attrs else "",
         initial_state=attrs.text("initial_state") if "initial_state" in f.attrs else "",
+        sector_search=attrs.text("sector_search") if "sector_search" in f.attrs else "",
     )
     if record.status not in STATUSES:
         raise ResultsError(f"{path}: status {record.status!r} is not one of {list(STATUSES)}")
@@ -809,6 +819,8 @@ def summary(record: RunRecord) -> dict[str, Any]:
             seconds=final.get("seconds", row["seconds"]),
             seconds_per_iter=final.get("seconds_per_iter"),
             note=final.get("note"),
+            final_samples=final.get("n_samples"),
+            stopped_by=final.get("stopped_by"),
         )
     elif record.history:
         energy, variance = history["energy"][-1], history["variance"][-1]
@@ -838,6 +850,8 @@ SUMMARY_FIELDS = (
     "seconds",
     "seconds_per_iter",
     "note",
+    "final_samples",
+    "stopped_by",
 )
 
 
@@ -852,7 +866,9 @@ def reference_of(record: RunRecord) -> str | None:
 
 # the columns of the report table (`vitqs report`), a selection of the summary's
 SUMMARY_COLUMNS = tuple(
-    key for key in SUMMARY_FIELDS if key not in ("variance", "seconds_per_iter", "note")
+    key
+    for key in SUMMARY_FIELDS
+    if key not in ("variance", "seconds_per_iter", "note", "final_samples", "stopped_by")
 )
 
 

@@ -7,6 +7,8 @@ results file, checkpoints, signals and a progress bar around it; the physics sta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
 import os
 import signal
@@ -19,9 +21,9 @@ import numpy as np
 import torch
 import yaml
 
-from vitqs import checkpoint, distributed, files, results, workfile
+from vitqs import checkpoint, distributed, files, results, sector_search, workfile
 from vitqs.build import build_vmc, exact_ground_state, final_network, ground_state_outside
-from vitqs.config import Config, ConfigError
+from vitqs.config import Config, ConfigError, final_open_ended, final_samples
 from vitqs.errors import first_line
 from vitqs.models import invariances
 from vitqs.physics import exact
@@ -35,7 +37,7 @@ from vitqs.vmc.driver import (
     VMC,
     NonFiniteEnergyError,
 )
-from vitqs.vmc.estimators import sample_statistics
+from vitqs.vmc.measurement import measure
 from vitqs.vmc.reliability import Verdict, judge_final
 from vitqs.vmc.sr import set_parameter_vector
 
@@ -124,6 +126,14 @@ def run_config(
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
     distributed.on_root(lambda: workfile.check_output_dir(config.output.dir))
+    searched = ""
+    if config.model.sector == "search":
+        if resume:  # the sector its steps were made in
+            config = _sector_searched_before(config)
+        else:
+            config, initial_parameters, searched = _search_sector(
+                config, initial_parameters, overwrite
+            )
     with contextlib.ExitStack() as claim:  # holds the results file's lock until the end
         run = _prepare(
             config,
@@ -133,12 +143,81 @@ def run_config(
             claim=claim,
             use_cache=use_cache,
         )
+        if searched:
+            run.record.sector_search = searched
         distributed.share_parameters(run.vmc.model)  # every rank starts from rank 0's parameters
         with _Signals() as signals:
             _optimize(run, signals, progress and distributed.is_root(), start)
             finished = _finish(run, signals, start)
     distributed.barrier()  # rank 0 has written the file that every rank may read next
     return finished
+
+
+# The share of a budget the sector search (`model.sector: search`) takes; without a budget
+# its rounds are of `sector_search.FIRST_STEPS` steps, doubling.
+SEARCH_SHARE = 0.1
+
+
+def _search_sector(config: Config, initial_parameters, overwrite: bool):
+    """Returns the config in the sector the search chose (``model.sector: given`` with its
+    momentum, characters and spin inversion; trained averaged over the translations unless
+    ``model.symmetrize`` says otherwise, measured over the space group unless
+    ``final.symmetrize`` does), the winner's parameters to start from, and the search as the
+    results file keeps it (JSON)."""
+    if initial_parameters is not None:
+        raise ConfigError(
+            "model.sector=search starts from a random state in every sector; a sweep's "
+            "warm_start gives one: set warm_start: false, or model.sector: given"
+        )
+    target = results.results_path(config.output.dir, config.name)
+    if not overwrite:  # refused now, not after the search
+        distributed.on_root(lambda: workfile.refuse_existing(target))
+    seconds = None if config.budget is None else SEARCH_SHARE * config.budget
+    found = sector_search.search(config, seconds=seconds)
+    chosen = found.chosen
+    # the steps average over the translations (a space-group average costs the point group's
+    # order more a step); the final state over the space group, on the characters found
+    trained = config.model.symmetrize if config.model.symmetrize != "none" else "translations"
+    model = dataclasses.replace(config.model, sector="given", symmetrize=trained, **chosen.keys())
+    measured = config.final.symmetrize if config.final.symmetrize != "none" else "space_group"
+    final = dataclasses.replace(config.final, symmetrize=measured)
+    if distributed.is_root():
+        print(
+            f"{config.name}: sector search chose {chosen.label()} out of {len(found.trials)} "
+            f"candidates, {found.margin_sigma:.3g} σ below the runner-up ({found.seconds:.1f} s)",
+            file=sys.stderr,
+        )
+    kept = {
+        "chosen": chosen.keys(),
+        "margin_sigma": found.margin_sigma if math.isfinite(found.margin_sigma) else None,
+        "seconds": found.seconds,
+        "trials": [{**row, "refused": row["refused"][:200]} for row in found.rows()],
+    }
+    winner = found.trials[0].vmc.model.state_dict()
+    return dataclasses.replace(config, model=model, final=final), winner, json.dumps(kept)
+
+
+def _sector_searched_before(config: Config) -> Config:
+    """Returns the config in the sector its results file's search chose (a resume of a
+    ``model.sector: search`` run continues there)."""
+    target = results.results_path(config.output.dir, config.name)
+    pending = workfile.pending_path(target)
+    path = pending if pending.exists() else target
+    try:
+        record = results.read_results(path)
+    except (OSError, results.ResultsError) as err:
+        raise ConfigError(f"--resume: {first_line(err)}") from None
+    stored = (checkpoint.stored_config(record) or {}).get("model") or {}
+    if not record.sector_search or not isinstance(stored, dict):
+        raise ConfigError(f"--resume: '{path}' holds no sector search to continue")
+    keys = {key: stored.get(key) for key in ("symmetrize", "momentum", "point_characters")}
+    model = dataclasses.replace(
+        config.model, sector="given", spin_flip=stored.get("spin_flip", 0), **keys
+    )
+    final = config.final
+    if final.symmetrize == "none":  # as the search set it (final.* may change on a resume)
+        final = dataclasses.replace(final, symmetrize="space_group")
+    return dataclasses.replace(config, model=model, final=final)
 
 
 def _prepare(config, *, resume, overwrite, initial_parameters, claim, use_cache) -> Run:
@@ -306,11 +385,10 @@ def _restore(config, path, vmc: VMC, use_cache) -> Run:
             "start a new run (another name, or --overwrite)"
         )
     measured_anew = any(earlier.get(key) != current[key] for key in ("final", "exact"))
-    done = len(record.history) >= config.optimizer.n_iter
-    if record.status == "finished" and done and not measured_anew:
+    if record.status == "finished" and _done(vmc, record) and not measured_anew:
         raise ConfigError(
-            f"--resume: '{path}' is already finished; raise optimizer.n_iter to go on, or "
-            "change final.* to measure it again"
+            f"--resume: '{path}' is already finished; raise optimizer.n_iter or budget to go "
+            "on, or change final.* to measure it again"
         )
     if record.checkpoint is None:
         raise ConfigError(
@@ -327,6 +405,15 @@ def _restore(config, path, vmc: VMC, use_cache) -> Run:
     record.lanczos = None  # of the state measured before: a new final state comes
     record.observables, record.config_yaml = {}, config_yaml(config)
     return Run(config, vmc, record, path)
+
+
+def _done(vmc: VMC, record: results.RunRecord) -> bool:
+    """Returns whether a finished run has no step left: its steps done, or its budget's
+    share for them spent."""
+    if vmc.n_steps is not None and len(record.history) >= vmc.n_steps:
+        return True
+    spent = (record.final or {}).get("seconds", 0.0)
+    return vmc.max_seconds is not None and spent >= vmc.max_seconds
 
 
 def _checkpoint(run: Run, seconds: float) -> None:
@@ -347,7 +434,7 @@ def _optimize(run: Run, signals: _Signals, progress: bool, start: float) -> None
         _Checkpoints(run, signals, start),
     ]
     try:
-        for _ in run.vmc.run(callbacks=watchers):
+        for _ in run.vmc.run(callbacks=watchers, started=start):
             pass
     except (NonFiniteEnergyError, ChainsFrozen) as err:
         _stop(run, str(err))
@@ -411,7 +498,7 @@ class _ProgressBar:
         self.exact_energy = record.exact["energy"] if record.exact else None
         threads = torch.get_num_threads()
         self.bar = tqdm(
-            total=run.config.optimizer.n_iter,
+            total=run.vmc.n_steps,  # None under a budget: the bar counts steps
             initial=len(record.history),
             disable=not show,
             desc=f"{run.config.name} ({threads} thread{'s' if threads > 1 else ''})",
@@ -630,7 +717,9 @@ def _land(run: Run) -> None:
 
 def _measure_final(run: Run, start: float) -> Verdict:
     """Measures the final state into the record; returns the `Verdict` on the measurement
-    (a collapse is a failure, a genuine zero variance a note in the record)."""
+    (a collapse is a failure, a genuine zero variance a note in the record). Under a
+    budget the energy's samples take what is left of it but a fifth, which the observables
+    take (`_observables_fitted`)."""
     config, record, vmc = run.config, run.record, run.vmc
     averaged = vmc.averaged_parameters()
     if averaged is not None:  # the final state is the mean of the late iterates
@@ -641,10 +730,18 @@ def _measure_final(run: Run, start: float) -> Verdict:
     # the final energy and observables are measured on |ψ|² itself, whatever
     # sampler.machine_pow the steps used, and over every state of the sector
     sampler = vmc.sampler.measuring()
-    n_discard = final_discard(config, sampler)
-    samples = sampler.draw(model, final.n_samples, n_discard)
-    e_loc = sampler.local_energy(vmc.hamiltonian, model, samples, config.sampler.chunk_size)
-    energy = sample_statistics(e_loc, samples)
+    left = _seconds_left(config, vmc, start)
+    measured = measure(
+        sampler,
+        vmc.hamiltonian,
+        model,
+        final_samples(config),
+        final.n_discard if final_open_ended(config) else final_discard(config, sampler),
+        chunk_size=config.sampler.chunk_size,
+        deadline=None if left is None else time.perf_counter() + ENERGY_SHARE * left,
+        target_error=final.target_error,
+    )
+    samples, energy = measured.samples, measured.energy
     verdict = judge_final(
         vmc.hamiltonian,
         model,
@@ -654,25 +751,57 @@ def _measure_final(run: Run, start: float) -> Verdict:
         chunk_size=config.sampler.chunk_size,
         can_sum=distributed.world_size() == 1,
     )
-    seconds = vmc.seconds_before + time.perf_counter() - start
+    wanted = final.n_samples_observables
+    if left is not None and not sampler.exact:
+        wanted = _observables_fitted(run, model, samples, sampler, start, wanted)
+    observed = observables.first_of_each_chain(samples, wanted)
+    record.observables = _observables(run, model, observed, sampler)
     record.final = results.FinalRow.of(
         energy,
         record,
-        seconds=seconds,
-        n_discard=n_discard,
+        seconds=vmc.seconds_before + time.perf_counter() - start,
+        n_discard=measured.n_discard,
         acceptance=samples.acceptance,
         note=verdict.note,
+        stopped_by=measured.stopped_by,
     )
-    observed = observables.first_of_each_chain(samples, final.n_samples_observables)
-    record.observables = _observables(run, model, observed, sampler)
     return verdict
 
 
+# Of the time a budget leaves the final measurement, the energy's samples take this share;
+# the observables (a connected configuration per pair: costlier a sample than the energy)
+# the rest, but a margin for the full-sum check and the file.
+ENERGY_SHARE = 0.8
+_MARGIN = 0.02  # of the budget
+
+
+def _seconds_left(config: Config, vmc: VMC, start: float) -> float | None:
+    """Returns the seconds the budget leaves the final measurement (its margin for writing
+    the file kept back), or None without a budget."""
+    if config.budget is None:
+        return None
+    spent = distributed.agree_max(vmc.seconds_before + time.perf_counter() - start)
+    return max(config.budget * (1 - _MARGIN) - spent, 0.0)
+
+
+def _observables_fitted(run, model, samples, sampler, start, wanted: int | None) -> int:
+    """Returns the samples the observables can take before the budget's margin: timed on
+    one sample per chain, then as many as the time left holds (at most ``wanted``)."""
+    config, vmc = run.config, run.vmc
+    probe = time.perf_counter()
+    _observables(run, model, observables.first_of_each_chain(samples, 1), sampler)
+    per_sweep = distributed.agree_max(time.perf_counter() - probe)
+    left = _seconds_left(config, vmc, start) or 0.0
+    n_chains = samples.n_chains * distributed.world_size()
+    fits = max(int(left / max(per_sweep, 1e-9)), 1) * n_chains
+    return fits if wanted is None else min(wanted, fits)
+
+
 def final_discard(config: Config, sampler) -> int:
-    """Returns the sweeps per chain before the final measurement keeps samples:
-    ``final.n_discard``, or by default as many as each chain then keeps, at least
+    """Returns the sweeps per chain before a final measurement of `final_samples` keeps
+    samples: ``final.n_discard``, or by default as many as each chain then keeps, at least
     ``sampler.n_discard`` (`Sampler.discard_before`); 0 for an exact sum."""
-    return sampler.discard_before(config.final.n_samples, config.final.n_discard)
+    return sampler.discard_before(final_samples(config), config.final.n_discard)
 
 
 def _observables(run: Run, model, samples, sampler) -> dict:
@@ -745,6 +874,8 @@ _JSON_FIELDS = (
     "seconds",
     "seconds_per_iter",
     "note",
+    "final_samples",
+    "stopped_by",
 )
 
 

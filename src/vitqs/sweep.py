@@ -26,6 +26,7 @@ from vitqs.config import (
     ConfigError,
     from_dict,
     keys_with,
+    n_steps,
     plain_file_name_problem,
 )
 from vitqs.distributed import is_root
@@ -64,9 +65,7 @@ def load_sweep(path: str | Path) -> dict:
             raise ConfigError(f"sweep.{key}={values!r} must be a non-empty list of values")
     overrides = spec.get("set") or {}
     if not isinstance(overrides, dict):
-        raise ConfigError(
-            f"set={overrides!r} must map dotted keys to values, e.g. optimizer.max_seconds: 150"
-        )
+        raise ConfigError(f"set={overrides!r} must map dotted keys to values, e.g. budget: 150")
     warm = spec.get("warm_start", False)
     if not isinstance(warm, bool):
         raise ConfigError(f"warm_start={warm!r} must be true or false")
@@ -219,21 +218,24 @@ def _settle_finished(record, config, differ: list[str]) -> str | None:
     ``resume`` for ones a resume settles (more steps or budget: it goes on; another final
     measurement or exact reference: it measures anew), None for the others."""
     stored = stored_config(record)  # read back by config_changes already
-    earlier = stored.get("optimizer") if isinstance(stored, dict) else None
-    earlier = earlier if isinstance(earlier, dict) else {}
-    budget = config.optimizer.max_seconds
+    stored = stored if isinstance(stored, dict) else {}
+    earlier = stored.get("optimizer") if isinstance(stored.get("optimizer"), dict) else {}
+    steps, budget = n_steps(config), config.budget
     spent = (record.final or {}).get("seconds", math.inf)  # steps and final measurement
-    if len(record.history) >= config.optimizer.n_iter and (budget is None or spent < budget):
+    if steps is not None and len(record.history) >= steps and (budget is None or spent < budget):
         # every step was done, within the budget asked for now: it would not end the run
-        differ = [key for key in differ if key != "optimizer.max_seconds"]
+        differ = [key for key in differ if key != "budget"]
     action = "reuse"
     for key in differ:
-        name = key.removeprefix("optimizer.")
-        before, now = earlier.get(name), getattr(config.optimizer, name, None)
-        more = now is None or (isinstance(before, (int, float)) and now > before)
-        if key.startswith(("final.", "exact.")) or (name in ("n_iter", "max_seconds") and more):
+        if key.startswith(("final.", "exact.")):
             action = "resume"
             continue
+        if key in ("optimizer.n_iter", "budget"):
+            before = stored.get("budget") if key == "budget" else earlier.get("n_iter")
+            now = config.budget if key == "budget" else config.optimizer.n_iter
+            if now is None or (isinstance(before, (int, float)) and now > before):
+                action = "resume"  # more steps or time: it goes on
+                continue
         return None
     return action
 

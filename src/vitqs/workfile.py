@@ -43,6 +43,14 @@ def working_path(target: Path, *, resume: bool, overwrite: bool) -> Path:
     if overwrite:
         pending.unlink(missing_ok=True)  # an earlier replacement, abandoned: start anew
         return pending if target.exists() else target
+    refuse_existing(target)
+    return target
+
+
+def refuse_existing(target: Path) -> None:
+    """Raises ConfigError when a new run (neither ``--resume`` nor ``--overwrite``) would
+    meet a results file, or an interrupted replacement of one, at ``target``."""
+    pending = pending_path(target)
     if target.exists():
         raise ConfigError(
             f"results file '{target}' exists; "
@@ -53,7 +61,6 @@ def working_path(target: Path, *, resume: bool, overwrite: bool) -> Path:
             f"an --overwrite run of '{target}' was interrupted ('{pending}'); pass --resume to "
             "continue it or --overwrite to start the replacement again"
         )
-    return target
 
 
 def check_output_dir(output_dir) -> None:

@@ -48,6 +48,11 @@ class Hamiltonian(ABC):
         measures from (Wu et al., Science 386, 296 (2024))."""
 
     @abstractmethod
+    def lower_bound(self) -> float:
+        """Returns a number no eigenvalue of H is below, from the couplings alone: an energy
+        estimate beneath it comes from a broken state (`vmc.driver`'s guard), not physics."""
+
+    @abstractmethod
     def diagonal(self, x: torch.Tensor) -> torch.Tensor:
         """Returns ``H_{xx}`` for configurations ``(B, N)`` as ``(B,)``."""
 
@@ -235,6 +240,11 @@ class Heisenberg(Hamiltonian):
         """
         return 0.0
 
+    def lower_bound(self) -> float:
+        """Returns Σ_b min(−3J_b/4, J_b/4): each S_i·S_j has the eigenvalues −3/4 (singlet)
+        and 1/4 (triplet); the Marshall rotation is unitary and changes no eigenvalue."""
+        return float(np.minimum(-0.75 * self._coupling, 0.25 * self._coupling).sum())
+
     def diagonal(self, x):
         src, dst = self._index("_src", x.device), self._index("_dst", x.device)
         coupling = self._index("_coupling", x.device).to(x.dtype)
@@ -302,6 +312,15 @@ class BoseHubbard(Hamiltonian):
         of the model, as in the published fixed-particle-number entries of Wu et al.)."""
         pairs = self.hilbert.mean_pair_occupation()
         return (self.U / 2) * self.n_sites * pairs - self.mu * self.hilbert.n_particles
+
+    def lower_bound(self) -> float:
+        """Returns −|J| N d_max + min(0, U N(N − 1)/2) − μN: the hops of N bosons are N
+        one-particle hops, whose matrix (the bonds' adjacency) has no eigenvalue beyond its
+        largest row sum d_max (Gershgorin; cutting occupations at n_max compresses it and
+        keeps it within), the interaction is ≥ 0 for U ≥ 0, and μN is fixed."""
+        n = self.hilbert.n_particles
+        degree = np.bincount(self._src, minlength=self.n_sites).max(initial=0)
+        return -abs(self.J) * n * float(degree) + min(0.0, self.U * n * (n - 1) / 2) - self.mu * n
 
     def diagonal(self, x):
         return (self.U / 2) * (x * (x - 1)).sum(dim=1) - self.mu * x.sum(dim=1)

@@ -5,8 +5,10 @@ solve (or Adam) → ``θ ← θ − η g``. The loop owns what changes between s
 budget, annealing); loggers, checkpoints, signals and progress bars live
 outside, as callbacks of `VMC.run` (`vitqs.vmc.callbacks`, `vitqs.runner`).
 
-NaN guard: a step whose samples' log ψ (on any rank) or energy is not finite undoes the
-previous update (the parameters return to where the energy was last finite); one whose
+NaN guard: a step whose samples' log ψ (on any rank) or energy is not finite, or whose energy
+is below the Hamiltonian's lower bound (`lower_bound`: no state has it, so the estimate comes
+from a state the last update broke, as heavy tails of the local energy do), undoes the
+previous update (the parameters return to where the energy was last sane); one whose
 update, its length, or the parameters it would give, is not finite (a singular or NaN S
 solves to NaN; lr 1e300 overflows) is not applied; the step is then retried with the
 diagonal shift ×10 per failure (Adam: the learning rate ÷10). After ``max_retries``
@@ -15,6 +17,7 @@ consecutive failures the run stops with `NonFiniteEnergyError`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitqs.config import OptimizerConfig, SamplerConfig
+from vitqs.config import DEFAULT_STEPS, OptimizerConfig, SamplerConfig
 from vitqs.distributed import agree_all, agree_max, broadcast_from_root, reduce_sum
 from vitqs.models.precision import NetworkCopy
 from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
@@ -54,9 +57,9 @@ class NonFiniteEnergyError(RuntimeError):
         self.step, self.last_energy = step, last_energy
         last = "none" if last_energy is None else f"{last_energy:.10g}"
         super().__init__(
-            f"step {step}: energy or update not finite after {n_retries} retries with a raised "
-            f"diagonal shift; last finite energy {last}. Lower optimizer.lr or raise "
-            "optimizer.diag_shift."
+            f"step {step}: energy or update not finite (or the energy below the Hamiltonian's "
+            f"lower bound) after {n_retries} retries with a raised diagonal shift; last finite "
+            f"energy {last}. Lower optimizer.lr or raise optimizer.diag_shift."
         )
 
 
@@ -104,8 +107,8 @@ class VMC:
         model: ``(B, N) -> log ψ (B,)`` with real parameters.
         sampler: a `Sampler` (Metropolis chains, or exact sums over the sector).
         optimizer: the ``optimizer`` section (None: its defaults): method, the ``lr`` and
-            ``diag_shift`` schedules, ``n_iter``, ``max_seconds``, averaging and SPRING
-            momentum. ``anneal_from`` comes in through ``anneal``.
+            ``diag_shift`` schedules, ``n_iter``, averaging and SPRING momentum.
+            ``anneal_from`` comes in through ``anneal``.
         chunk_size: samples per forward pass in local energies and log-derivatives.
         local_energy_dtype: precision of the network copy that evaluates the connected
             configurations in the steps' local energies (None: the model itself). The
@@ -113,6 +116,10 @@ class VMC:
         anneal: a callable ``progress -> (hamiltonian, fraction)`` giving the Hamiltonian to
             optimise at that fraction of the run (``build.Anneal``); None: the target always.
         max_retries: consecutive non-finite attempts of a step before the run stops.
+        max_seconds: the wall-clock seconds the steps may run, counted across resumes from
+            the clock `run` is given (`config.optimisation_seconds`: the steps' share of the
+            run's budget); None: no budget. Without ``optimizer.n_iter`` the run then has
+            300 steps, or with a budget as many as it allows.
     """
 
     def __init__(
@@ -126,6 +133,7 @@ class VMC:
         local_energy_dtype: torch.dtype | None = None,
         anneal=None,
         max_retries: int = MAX_RETRIES,
+        max_seconds: float | None = None,
     ):
         self.hamiltonian, self.model, self.sampler = hamiltonian, model, sampler
         self.optimizer = OptimizerConfig() if optimizer is None else optimizer
@@ -138,9 +146,13 @@ class VMC:
         self._local_energy_network = NetworkCopy(
             local_energy_dtype, key="sampler.local_energy_dtype"
         )
+        self.max_seconds = max_seconds
+        self.n_steps = self.optimizer.n_iter
+        if self.n_steps is None:  # a budget's run is as long as the budget allows
+            self.n_steps = DEFAULT_STEPS if max_seconds is None else None
         # a schedule is the value: asked for the step's lr and diagonal shift
-        self.lr = Schedule.of(self.optimizer.lr, self.optimizer.n_iter)
-        self.diag_shift = Schedule.of(self.optimizer.diag_shift, self.optimizer.n_iter)
+        self.lr = Schedule.of(self.optimizer.lr, self.n_steps)
+        self.diag_shift = Schedule.of(self.optimizer.diag_shift, self.n_steps)
         self.adam = Adam() if self.optimizer.method == "adam" else None
         self.anneal = anneal
         self.step_hamiltonian, self.anneal_fraction = hamiltonian, 1.0  # what the steps optimise
@@ -156,21 +168,27 @@ class VMC:
         self._direction: torch.Tensor | None = None
         self._direction_before: torch.Tensor | None = None
 
-    def run(self, n_iter: int | None = None, callbacks=()) -> Iterator[StepResult]:
-        """Yields one `StepResult` per step, until ``optimizer.n_iter`` steps are done in all
-        (or ``n_iter`` more) or the budget ``optimizer.max_seconds`` is spent.
+    def run(
+        self, n_iter: int | None = None, callbacks=(), started: float | None = None
+    ) -> Iterator[StepResult]:
+        """Yields one `StepResult` per step, until `n_steps` steps are done in all (or
+        ``n_iter`` more) or the budget `max_seconds` is spent.
 
         After each step every callback is called as ``callback(vmc, result)``: one that
         returns True ends the loop after this step, one that raises ends it at once.
+        ``started``: the ``time.perf_counter()`` this invocation's clock starts from (the
+        run's own start, so that setting up counts against the budget); None: now.
         """
-        n_iter = self.optimizer.n_iter - self.step_count if n_iter is None else n_iter
-        start, self.seconds = time.perf_counter(), self.seconds_before
+        if n_iter is None:
+            n_iter = None if self.n_steps is None else self.n_steps - self.step_count
+        start = time.perf_counter() if started is None else started
+        self.seconds = self.seconds_before + time.perf_counter() - start
         if self.budget_spent():  # resumed after its budget: measure again, no further step
             return
         self._advance()
-        for _ in range(n_iter):
+        for _ in range(n_iter) if n_iter is not None else itertools.count():
             result = self.step()
-            if self.optimizer.max_seconds is not None:
+            if self.max_seconds is not None:
                 # every rank follows the slowest clock: their schedules stay equal
                 self.seconds = agree_max(self.seconds_before + time.perf_counter() - start)
             stop = [bool(callback(self, result)) for callback in callbacks]
@@ -180,18 +198,19 @@ class VMC:
             self._advance()
 
     def budget_spent(self) -> bool:
-        """Returns whether the wall-clock budget ``optimizer.max_seconds`` is spent."""
-        budget = self.optimizer.max_seconds
+        """Returns whether the wall-clock budget `max_seconds` is spent."""
+        budget = self.max_seconds
         return budget is not None and self.seconds >= budget
 
     def budget_progress(self) -> float | None:
-        """Returns the fraction of ``optimizer.max_seconds`` spent (None without a budget)."""
-        budget = self.optimizer.max_seconds
+        """Returns the fraction of `max_seconds` spent (None without a budget)."""
+        budget = self.max_seconds
         return None if budget is None else min(self.seconds / budget, 1.0)
 
     def progress(self) -> float:
-        """Returns the fraction of the run done: of ``n_iter`` steps or of the budget."""
-        return max(self.step_count / self.optimizer.n_iter, self.budget_progress() or 0.0)
+        """Returns the fraction of the run done: of `n_steps` steps or of the budget."""
+        steps = 0.0 if self.n_steps is None else self.step_count / self.n_steps
+        return max(steps, self.budget_progress() or 0.0)
 
     def _advance(self) -> None:
         """Sets the Hamiltonian of the next step along the annealing path."""
@@ -222,7 +241,7 @@ class VMC:
         e_loc = self.sampler.local_energy(self.step_hamiltonian, network, samples, self.chunk_size)
         stats = sample_statistics(e_loc, samples)
         timings["local_energy"] = _lap(start)
-        if not math.isfinite(abs(stats.mean)):
+        if not math.isfinite(abs(stats.mean)) or stats.mean.real < self._lower_bound():
             self._undo_last_update()
             return None
         lr, diag_shift = self._hyperparameters(boost)
@@ -256,6 +275,10 @@ class VMC:
             method=method,
             anneal_fraction=self.anneal_fraction,
         )
+
+    def _lower_bound(self) -> float:
+        """Returns the step's Hamiltonian's lower bound (it moves along an annealing path)."""
+        return self.step_hamiltonian.lower_bound()
 
     def _add_to_average(self, theta: torch.Tensor) -> None:
         start = self.optimizer.average_from

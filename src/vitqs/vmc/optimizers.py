@@ -28,12 +28,13 @@ class Schedule:
     initial: float
     final: float | None = None
     kind: str = "constant"
-    n_steps: int = 1
+    n_steps: int | None = 1
 
     @classmethod
-    def of(cls, value, n_steps: int) -> Schedule:
+    def of(cls, value, n_steps: int | None) -> Schedule:
         """Returns the schedule of a config value (``optimizer.lr`` or ``diag_shift``): a
-        number, constant, or ``{schedule, start, end}``, over ``n_steps`` steps."""
+        number, constant, or ``{schedule, start, end}``, over ``n_steps`` steps (None: over
+        a wall-clock budget only, through ``progress``)."""
         if isinstance(value, dict):
             return cls(value["start"], value["end"], value["schedule"], n_steps)
         return cls(value, None, "constant", n_steps)
@@ -49,7 +50,7 @@ class Schedule:
             raise ValueError(
                 f"an exponential schedule needs positive values, got {self.initial} -> {self.final}"
             )
-        if self.n_steps < 1:
+        if self.n_steps is not None and self.n_steps < 1:
             raise ValueError(f"schedule n_steps={self.n_steps} must be >= 1")
 
     def __call__(self, step: int, progress: float | None = None) -> float:
@@ -57,7 +58,7 @@ class Schedule:
         run already done by another measure, e.g. of a wall-clock budget) is ahead."""
         if self.kind == "constant":
             return float(self.initial)
-        t = min(step, self.n_steps) / self.n_steps
+        t = 0.0 if self.n_steps is None else min(step, self.n_steps) / self.n_steps
         if progress is not None:
             t = min(max(t, float(progress)), 1.0)
         if self.kind == "exponential":

@@ -140,21 +140,7 @@ class Sampler(ABC):
             self.sample(model, n_discard=n_discard if b == 0 else 0)
             for b in range(self.n_batches(n_samples))
         ]
-        if len(batches) == 1:
-            return batches[0]
-        tabled = all(s.sector_log_psi is not None for s in batches)
-        return Samples(
-            x=torch.cat([s.x for s in batches], dim=1),
-            log_psi=torch.cat([s.log_psi for s in batches], dim=1),
-            weights=None,
-            acceptance=sum(s.acceptance for s in batches) / len(batches),
-            log_importance=None
-            if batches[0].log_importance is None
-            else torch.cat([s.log_importance for s in batches], dim=1),
-            # the same parameters in every batch: one table holds every sample's log ψ
-            sector_log_psi=batches[0].sector_log_psi if tabled else None,
-            sector_index=torch.cat([s.sector_index for s in batches], dim=1) if tabled else None,
-        )
+        return joined(batches)
 
     def state_dict(self) -> dict:
         """Returns what a checkpoint keeps of the sampler."""
@@ -163,6 +149,26 @@ class Sampler(ABC):
     def load_state_dict(self, state: dict) -> None:
         """Restores `state_dict` (applied at the next call); nothing where it keeps nothing."""
         return None
+
+
+def joined(batches: list[Samples]) -> Samples:
+    """Returns batches of the same chains (drawn one after the other, with the same
+    parameters) as one `Samples`, joined along each chain."""
+    if len(batches) == 1:
+        return batches[0]
+    tabled = all(s.sector_log_psi is not None for s in batches)
+    return Samples(
+        x=torch.cat([s.x for s in batches], dim=1),
+        log_psi=torch.cat([s.log_psi for s in batches], dim=1),
+        weights=None,
+        acceptance=sum(s.acceptance for s in batches) / len(batches),
+        log_importance=None
+        if batches[0].log_importance is None
+        else torch.cat([s.log_importance for s in batches], dim=1),
+        # the same parameters in every batch: one table holds every sample's log ψ
+        sector_log_psi=batches[0].sector_log_psi if tabled else None,
+        sector_index=torch.cat([s.sector_index for s in batches], dim=1) if tabled else None,
+    )
 
 
 class ModelItself:

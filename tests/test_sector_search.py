@@ -1,0 +1,158 @@
+"""The ground state's symmetry sector found without ED (issue 52): the candidate sectors
+hold ED's, and short runs compared by energy pick it on systems whose ground state is not in
+the trivial sector."""
+
+import json
+import time
+
+import pytest
+from helpers import assert_one_line_error, run_main, tiny_heisenberg, write_config
+
+from vitqs import results
+from vitqs.checkpoint import stored_config
+from vitqs.config import from_dict
+from vitqs.models.sectors import candidates, characters, same_sector, stars
+from vitqs.physics import exact
+from vitqs.physics.lattice import Lattice
+from vitqs.physics.operators import Heisenberg
+from vitqs.physics.symmetry import ground_state_sector
+from vitqs.sector_search import search
+
+# (lattice, J2): ground states at k = π, in odd reflection sectors, at a zone-boundary
+# momentum of a triangular cluster, and the kagome 2×3's [1, 0] with odd reflection
+SYSTEMS = {
+    "ring 6": (Lattice((6,)), 0.0),
+    "ring 10": (Lattice((10,)), 0.0),
+    "J1-J2 ring 8, J2 = 0.7": (Lattice((8,)), 0.7),
+    "ladder 3x2": (Lattice((3, 2), kind="ladder"), 0.0),
+    "square 4x4, J2 = 0.5": (Lattice((4, 4)), 0.5),
+    "triangular 4x3": (Lattice((4, 3), kind="triangular"), 0.0),
+    "kagome 2x3": (Lattice((2, 3), kind="kagome"), 0.0),
+}
+
+
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_the_candidates_hold_eds_sector_once(name):
+    lattice, j2 = SYSTEMS[name]
+    hamiltonian = Heisenberg(lattice, J2=j2)
+    vector = exact.ground_state(hamiltonian, return_vector=True, use_cache=False).vector
+    found = ground_state_sector(hamiltonian, vector)
+    hits = [s for s in candidates(lattice, spin_flip=True) if same_sector(lattice, s, found)]
+    assert len(hits) == 1, (found, [s.label() for s in hits])
+
+
+def test_stars_and_characters_count_what_the_groups_have():
+    # a ring of 8: k and -k in one star (0..4); the reflection's two characters at k = 0 and
+    # π, none but the identity elsewhere
+    ring = Lattice((8,))
+    assert stars(ring) == [(0,), (1,), (2,), (3,), (4,)]
+    assert characters(ring, (0,)) == [(1, 1), (1, -1)] == characters(ring, (4,))
+    assert characters(ring, (1,)) == [(1,)]
+    # C4v at the square's Γ: four one-dimensional representations (E is two-dimensional)
+    assert len(characters(Lattice((4, 4)), (0, 0))) == 4
+
+
+def _ring_config(tmp_path, length, j2=0.0, sampler=None, lattice=None):
+    data = tiny_heisenberg(tmp_path / "out")
+    data["lattice"] = lattice or {"shape": [length], "pbc": True}
+    data["hamiltonian"] = {"kind": "heisenberg", "J1": 1.0, "J2": j2}  # no sign rule
+    # one-site patches without translation invariance: every momentum can be carried
+    data["model"].update(patch_size=1, translation_invariant=False, d_model=16)
+    data["sampler"] = sampler or {"kind": "full_sum"}
+    data["optimizer"] = {"lr": 0.05}
+    return data
+
+
+@pytest.mark.usefixtures("single_thread")
+@pytest.mark.parametrize(
+    "system",
+    [
+        ("ring 6, k = π, spin inversion -1", dict(length=6)),
+        ("J1-J2 ring 8, k = π, odd reflection", dict(length=8, j2=0.7)),
+        (
+            "ladder 3x2, odd reflections",
+            dict(length=None, lattice={"kind": "ladder", "shape": [3, 2], "pbc": [True, False]}),
+        ),
+        (
+            "ring 6 by Monte Carlo",
+            dict(length=6, sampler={"n_samples": 256, "n_chains": 32, "n_discard": 2}),
+        ),
+    ],
+    ids=lambda system: system[0],
+)
+def test_short_runs_find_eds_sector_where_the_ground_state_is_not_trivial(tmp_path, system):
+    config = from_dict(_ring_config(tmp_path, **system[1]))
+    found = search(config, first_steps=50)
+    from vitqs.build import build_hamiltonian
+
+    hamiltonian = build_hamiltonian(config)
+    vector = exact.ground_state(hamiltonian, return_vector=True, use_cache=False).vector
+    sector = ground_state_sector(hamiltonian, vector)
+    trivial = all(c == 1 for c in sector["point_characters"]) and not any(sector["momentum"])
+    assert not (trivial and sector["spin_flip"] in (None, 1))  # a system worth the test
+    assert same_sector(hamiltonian.lattice, found.chosen, sector), found.rows()
+    assert found.margin_sigma > 3
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_a_timed_search_keeps_to_its_seconds(tmp_path):
+    config = from_dict(_ring_config(tmp_path, 6))
+    start = time.perf_counter()
+    found = search(config, seconds=4.0)
+    took = time.perf_counter() - start
+    # building the candidates comes first; the rounds share what is left, a step at least
+    assert took <= 4.0 * 1.25 and found.seconds == pytest.approx(took, rel=0.05)
+    assert found.chosen.momentum == (3,)
+
+
+def test_the_command_prints_its_choice_and_eds_check(tmp_path, capsys):
+    path = write_config(tmp_path / "ring6.yaml", _ring_config(tmp_path, 6))
+    code, out, err = run_main(capsys, "sectors", path, "--first-steps", "50", "--json")
+    assert code == 0, err
+    assert "chosen  k=[3] chi=++ flip -1" in out and ": agrees" in out
+    data = json.loads(out.strip().splitlines()[-1])
+    assert data["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
+    assert data["ed_agrees"] is True
+    code, _, err = run_main(capsys, "sectors", path, "--seconds", "0")
+    assert_one_line_error(code, err, "--seconds=0")
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_a_run_searches_its_sector_within_its_budget_and_resumes_there(tmp_path, capsys):
+    data = _ring_config(tmp_path, 6, sampler={"n_samples": 256, "n_chains": 32, "n_discard": 2})
+    data["model"]["sector"] = "search"
+    data["budget"] = 12.0
+    del data["final"]["n_samples"]  # optimizer holds lr alone: the budget ends the steps
+    path = write_config(tmp_path / "ring6.yaml", data)
+    code, out, err = run_main(capsys, "run", path, "--quiet", "--json")
+    assert code == 0, err
+    assert "sector search chose k=[3] chi=++ flip -1" in err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["seconds"] <= 12.0 * 1.05
+    assert abs(summary["relative_error"]) < 1e-3  # trained in the ground state's sector
+    record = results.read_results(summary["results_file"])
+    stored = stored_config(record)["model"]
+    assert (stored["sector"], stored["momentum"], stored["spin_flip"]) == ("given", [3], -1)
+    kept = json.loads(record.sector_search)
+    assert kept["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
+    assert len(kept["trials"]) == 12
+    code, out, _ = run_main(capsys, "report", summary["results_file"])
+    assert "sector search: momentum [3]" in out
+
+    # a larger budget goes on in the sector found, without searching again
+    data["budget"] = 16.0
+    write_config(path, data)
+    code, _, err = run_main(capsys, "run", path, "--resume", "--quiet")
+    assert code == 0, err
+    assert "sector search chose" not in err
+    after = results.read_results(summary["results_file"])
+    assert len(after.history) > len(record.history)
+    assert after.sector_search == record.sector_search
+
+
+def test_a_searched_sector_cannot_also_be_given(tmp_path, capsys):
+    data = _ring_config(tmp_path, 6)
+    data["model"].update(sector="search", momentum=[3])
+    path = write_config(tmp_path / "ring6.yaml", data)
+    code, _, err = run_main(capsys, "run", path, "--quiet")
+    assert_one_line_error(code, err, "model.sector=search", "model.momentum=[3]")
