@@ -8,7 +8,9 @@ import yaml
 from helpers import run_main, tiny_bose_hubbard, tiny_heisenberg, write_config
 
 from vitqs import results
-from vitqs.extrapolation import ZERO_VARIANCE_TITLE, fit_line, zero_variance
+from vitqs.config import from_dict
+from vitqs.extrapolation import ZERO_VARIANCE_TITLE, fit_line, stage_extrapolation, zero_variance
+from vitqs.runner import run_config
 
 
 def test_points_on_a_line_give_its_intercept_and_slope():
@@ -125,3 +127,29 @@ def test_sweep_over_the_budget_writes_the_extrapolation(tmp_path, capsys):
     table = (tmp_path / "out" / "budget" / "zero_variance.md").read_text()
     assert ZERO_VARIANCE_TITLE in table and "| heisenberg" in table
     assert (tmp_path / "out" / "budget" / "zero_variance.png").exists()
+
+
+def test_one_runs_stages_extrapolate_to_the_line_they_lie_on():
+    # 400 steps: energy rises with the variance, E = -8.45 + 0.3 Var, plus noise; the early
+    # half (far from the line) and the annealed steps do not count
+    rng = np.random.default_rng(0)
+    variance = np.linspace(2.0, 0.1, 400)
+    energy = -8.45 + 0.3 * variance + rng.normal(0.0, 0.002, 400)
+    energy[:200] += 5.0  # the first half: not on the line
+    anneal = np.ones(400)
+    anneal[:50] = 0.5
+    e0, error = stage_extrapolation(energy, variance, anneal)
+    assert abs(e0 - (-8.45)) < 4 * error and error < 0.01
+    # a stage needs two steps: too few steps give no number, as do stages of one variance
+    assert all(map(math.isnan, stage_extrapolation(energy[:10], variance[:10])))
+    assert all(map(math.isnan, stage_extrapolation(energy, np.ones(400))))
+
+
+def test_a_run_reports_its_own_extrapolation(tmp_path):
+    data = tiny_heisenberg(tmp_path / "out", optimizer={"n_iter": 40})
+    summary = run_config(from_dict(data), progress=False)
+    record = results.read_results(summary["results_file"])
+    history = record.history_arrays()
+    expected = stage_extrapolation(history["energy"], history["variance"])
+    assert summary["extrapolated_energy"] == pytest.approx(expected[0])
+    assert record.final["extrapolated_error"] == pytest.approx(expected[1])

@@ -72,6 +72,9 @@ def make_record(n_steps: int = 5, *, finished: bool = True, exact: bool = True) 
             "n_discard": 64,
             "acceptance": 0.31,
             "note": "a note on the numbers",
+            "stopped_by": "budget",
+            "extrapolated": EXACT_ENERGY + 2e-4,
+            "extrapolated_error": 3e-4,
         }
         record.observables = {
             "structure_factor": np.linspace(0.0, 1.0, 8).reshape(2, 4),

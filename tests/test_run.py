@@ -51,6 +51,8 @@ SUMMARY_KEYS = {
     "note",
     "final_samples",
     "stopped_by",
+    "extrapolated_energy",
+    "extrapolated_error",
     "results_file",
 }
 

@@ -174,6 +174,17 @@ def _run_text(summary: dict) -> str:
         f"  energy          {summary['energy']:.10f} ± {summary['energy_error']:.2e}",
         f"  variance        {summary['variance']:.4e}   V-score {summary['v_score']:.3e}",
     ]
+    if summary.get("stopped_by") not in (None, "n_samples"):
+        lines.append(
+            f"  final samples   {summary['final_samples']} (the {summary['stopped_by']} ended "
+            "the measurement)"
+        )
+    extrapolated = summary.get("extrapolated_energy")
+    if extrapolated is not None and math.isfinite(extrapolated):
+        lines.append(
+            f"  zero variance   {extrapolated:.10f} ± {summary['extrapolated_error']:.2e}   "
+            "(E against Var over the last half of the steps, 4 stages)"
+        )
     if summary["exact_energy"] is not None:
         source = summary.get("reference") or "exact diagonalization"
         lines.append(f"  exact energy    {summary['exact_energy']:.10f}   ({source})")

@@ -26,7 +26,6 @@ import numpy as np
 from vitqs import results
 from vitqs.checkpoint import stored_config
 from vitqs.errors import ConfigError
-from vitqs.plots import plot_zero_variance
 from vitqs.results import RunRecord
 
 ZERO_VARIANCE_TITLE = (
@@ -97,6 +96,41 @@ def fit_line(x: np.ndarray, y: np.ndarray, y_error: np.ndarray) -> tuple[np.ndar
     elif not weighted:
         covariance *= math.nan
     return coefficients, covariance
+
+
+# Stages of one run's extrapolation: its last half of steps (at the target Hamiltonian) cut
+# into four runs of consecutive steps, each a point (mean energy, mean variance).
+N_STAGES = 4
+LATE_FRACTION = 0.5
+
+
+def stage_extrapolation(energy, variance, anneal_fraction=None) -> tuple[float, float]:
+    """Returns the zero-variance energy of one run and its error, from its own steps: the
+    last half of the steps on the target Hamiltonian (``anneal_fraction`` 1, or all) in
+    `N_STAGES` stages of consecutive steps, each a point (mean energy ± its standard error,
+    mean variance), fitted by `fit_line`. The stages' states are not converged ones: the
+    error says how far the line is determined. (NaN, NaN) with fewer than two steps a stage
+    or stages of one variance."""
+    energy, variance = np.asarray(energy, dtype=float), np.asarray(variance, dtype=float)
+    if anneal_fraction is not None:
+        target = np.asarray(anneal_fraction, dtype=float)
+        on_target = np.isnan(target) | (target >= 1.0)
+        energy, variance = energy[on_target], variance[on_target]
+    late = slice(int(len(energy) * (1 - LATE_FRACTION)), None)
+    energy, variance = energy[late], variance[late]
+    finite = np.isfinite(energy) & np.isfinite(variance)
+    energy, variance = energy[finite], variance[finite]
+    if len(energy) < 2 * N_STAGES:
+        return math.nan, math.nan
+    stages = np.array_split(np.arange(len(energy)), N_STAGES)
+    x = np.array([variance[s].mean() for s in stages])
+    y = np.array([energy[s].mean() for s in stages])
+    sigma = np.array([energy[s].std(ddof=1) / math.sqrt(len(s)) for s in stages])
+    try:
+        coefficients, covariance = fit_line(x, y, sigma)
+    except (ValueError, np.linalg.LinAlgError):
+        return math.nan, math.nan
+    return float(coefficients[0]), float(math.sqrt(max(covariance[0, 0], 0.0)))
 
 
 def zero_variance(records: Sequence[RunRecord]) -> list[ZeroVariance]:
@@ -196,5 +230,7 @@ def write_zero_variance(records: Sequence[RunRecord], out_dir) -> tuple[str, lis
         if len(fits) == 1
         else [f"zero_variance_{k + 1}.png" for k in range(len(fits))]
     )
+    from vitqs.plots import plot_zero_variance  # matplotlib where figures are drawn only
+
     pngs = [plot_zero_variance(fit, out_dir / name) for fit, name in zip(fits, names, strict=True)]
     return table(fits), pngs

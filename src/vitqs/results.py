@@ -297,6 +297,10 @@ class FinalRow:
     note: str | None = None  # what a reader must know to trust the numbers (a zero variance)
     # what ended the measurement (`vmc.measurement.STOPPED_BY`); None: files before issue 52
     stopped_by: str | None = None
+    # the zero-variance energy from the run's own late steps (`extrapolation.
+    # stage_extrapolation`) and its error; NaN: too few steps (or files before issue 52)
+    extrapolated: float = math.nan
+    extrapolated_error: float = math.nan
 
     @classmethod
     def of(
@@ -309,6 +313,7 @@ class FinalRow:
         acceptance: float = math.nan,
         note: str | None = None,
         stopped_by: str | None = None,
+        extrapolated: tuple[float, float] = (math.nan, math.nan),
     ) -> dict[str, float]:
         """Returns the final group of ``record`` measured as the `Stats` ``energy``, as a
         dict: V-score and relative error from the record's ``e_inf`` and exact energy, the
@@ -332,6 +337,8 @@ class FinalRow:
                 acceptance=acceptance,
                 note=note,
                 stopped_by=stopped_by,
+                extrapolated=extrapolated[0],
+                extrapolated_error=extrapolated[1],
             )
         )
 
@@ -821,6 +828,8 @@ def summary(record: RunRecord) -> dict[str, Any]:
             note=final.get("note"),
             final_samples=final.get("n_samples"),
             stopped_by=final.get("stopped_by"),
+            extrapolated_energy=final.get("extrapolated"),
+            extrapolated_error=final.get("extrapolated_error"),
         )
     elif record.history:
         energy, variance = history["energy"][-1], history["variance"][-1]
@@ -852,6 +861,8 @@ SUMMARY_FIELDS = (
     "note",
     "final_samples",
     "stopped_by",
+    "extrapolated_energy",
+    "extrapolated_error",
 )
 
 
@@ -864,12 +875,18 @@ def reference_of(record: RunRecord) -> str | None:
     return record.exact.get("reference") or EXACT_DIAGONALIZATION
 
 
-# the columns of the report table (`vitqs report`), a selection of the summary's
-SUMMARY_COLUMNS = tuple(
-    key
-    for key in SUMMARY_FIELDS
-    if key not in ("variance", "seconds_per_iter", "note", "final_samples", "stopped_by")
+# summary fields the report table leaves to the notes and the --json line
+_DETAILS = (
+    "variance",
+    "seconds_per_iter",
+    "note",
+    "final_samples",
+    "stopped_by",
+    "extrapolated_energy",
+    "extrapolated_error",
 )
+# the columns of the report table (`vitqs report`), a selection of the summary's
+SUMMARY_COLUMNS = tuple(key for key in SUMMARY_FIELDS if key not in _DETAILS)
 
 
 def summary_row(record: RunRecord) -> dict[str, Any]:

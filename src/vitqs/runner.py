@@ -25,6 +25,7 @@ from vitqs import checkpoint, distributed, files, results, sector_search, workfi
 from vitqs.build import build_vmc, exact_ground_state, final_network, ground_state_outside
 from vitqs.config import Config, ConfigError, final_open_ended, final_samples
 from vitqs.errors import first_line
+from vitqs.extrapolation import stage_extrapolation
 from vitqs.models import invariances
 from vitqs.physics import exact
 from vitqs.physics.observables import observables_of_vector
@@ -764,8 +765,17 @@ def _measure_final(run: Run, start: float) -> Verdict:
         acceptance=samples.acceptance,
         note=verdict.note,
         stopped_by=measured.stopped_by,
+        extrapolated=_stages_extrapolated(record),
     )
     return verdict
+
+
+def _stages_extrapolated(record: results.RunRecord) -> tuple[float, float]:
+    """Returns the zero-variance energy from the run's own late steps and its error."""
+    history = record.history_arrays()
+    return stage_extrapolation(
+        history["energy"], history["variance"], history.get("anneal_fraction")
+    )
 
 
 # Of the time a budget leaves the final measurement, the energy's samples take this share;
@@ -876,6 +886,8 @@ _JSON_FIELDS = (
     "note",
     "final_samples",
     "stopped_by",
+    "extrapolated_energy",
+    "extrapolated_error",
 )
 
 

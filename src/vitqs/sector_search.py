@@ -83,12 +83,21 @@ class SearchResult:
         return rows
 
 
+# Samples a trial's step takes at most: a quarter of the default step's, as cheap as the
+# chains allow; its energy is averaged over a quarter of its steps anyway.
+TRIAL_SAMPLES = 256
+
+
 def trial_config(config: Config, sector: Sector) -> Config:
     """Returns ``config`` projected on ``sector`` for a short run: the space-group average
-    on its momentum and characters (and spin inversion), no budget, no reference, and steps
-    as many as asked (schedules then stay near their start)."""
+    on its momentum and characters (and spin inversion), at most `TRIAL_SAMPLES` samples a
+    step (one a chain at least), no budget, no reference, and steps as many as asked
+    (schedules then stay near their start)."""
     data = config.to_dict()
     data["model"].update(sector="given", symmetrize="space_group", **sector.keys())
+    sampler = data["sampler"]
+    per_chain = max(1, min(sampler["n_samples"], TRIAL_SAMPLES) // sampler["n_chains"])
+    sampler["n_samples"] = per_chain * sampler["n_chains"]
     data["optimizer"]["n_iter"] = 10**9
     data["budget"] = None
     data["exact"]["enabled"] = False
