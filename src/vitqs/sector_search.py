@@ -8,8 +8,10 @@ the mean energy of its last quarter of steps (at least three), and the survivors
 long in the next, from where they stopped, until one is left. A variational energy is an
 upper bound in every sector, so the sector whose state gets lowest holds the ground state
 unless the lowest level of another sector is within the noise of the short runs; the margin
-to the runner-up, in its combined standard errors, says how sure the choice is. ED, where it
-exists, checks the choice (`physics.symmetry.ground_state_sector`); it never makes it.
+to the runner-up, in its combined standard errors, says how far apart the short runs' late
+energies are, not how far they are from converged: a sector slow to learn can lose to one
+whose lowest level lies above. ED, where it exists, checks the choice
+(`physics.symmetry.ground_state_sector`); it never makes it.
 """
 
 from __future__ import annotations
@@ -83,21 +85,14 @@ class SearchResult:
         return rows
 
 
-# Samples a trial's step takes at most: a quarter of the default step's, as cheap as the
-# chains allow; its energy is averaged over a quarter of its steps anyway.
-TRIAL_SAMPLES = 256
-
-
 def trial_config(config: Config, sector: Sector) -> Config:
     """Returns ``config`` projected on ``sector`` for a short run: the space-group average
-    on its momentum and characters (and spin inversion), at most `TRIAL_SAMPLES` samples a
-    step (one a chain at least), no budget, no reference, and steps as many as asked
-    (schedules then stay near their start)."""
+    on its momentum and characters (and spin inversion), no budget, no reference, and steps
+    as many as asked (schedules then stay near their start). The config's own samples a
+    step: with a quarter of them (256 of 1,024) the kagome 2×3's search took 174 s instead
+    of 602 s and chose k = [0, 0], 7.2 σ ahead, where ED's [1, 0] had won at 1.2 σ."""
     data = config.to_dict()
     data["model"].update(sector="given", symmetrize="space_group", **sector.keys())
-    sampler = data["sampler"]
-    per_chain = max(1, min(sampler["n_samples"], TRIAL_SAMPLES) // sampler["n_chains"])
-    sampler["n_samples"] = per_chain * sampler["n_chains"]
     data["optimizer"]["n_iter"] = 10**9
     data["budget"] = None
     data["exact"]["enabled"] = False
