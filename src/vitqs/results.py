@@ -843,6 +843,8 @@ def summary(record: RunRecord) -> dict[str, Any]:
     return {key: row.get(key) for key in SUMMARY_FIELDS}
 
 
+# how the final measurement ended and the run's own extrapolation (issue 52)
+FINAL_DETAILS = ("final_samples", "stopped_by", "extrapolated_energy", "extrapolated_error")
 SUMMARY_FIELDS = (
     "name",
     "status",
@@ -859,10 +861,7 @@ SUMMARY_FIELDS = (
     "seconds",
     "seconds_per_iter",
     "note",
-    "final_samples",
-    "stopped_by",
-    "extrapolated_energy",
-    "extrapolated_error",
+    *FINAL_DETAILS,
 )
 
 
@@ -875,17 +874,9 @@ def reference_of(record: RunRecord) -> str | None:
     return record.exact.get("reference") or EXACT_DIAGONALIZATION
 
 
-# summary fields the report table leaves to the notes and the --json line
-_DETAILS = (
-    "variance",
-    "seconds_per_iter",
-    "note",
-    "final_samples",
-    "stopped_by",
-    "extrapolated_energy",
-    "extrapolated_error",
-)
-# the columns of the report table (`vitqs report`), a selection of the summary's
+# the columns of the report table (`vitqs report`), a selection of the summary's: the rest is
+# left to the notes and the --json line
+_DETAILS = ("variance", "seconds_per_iter", "note", *FINAL_DETAILS)
 SUMMARY_COLUMNS = tuple(key for key in SUMMARY_FIELDS if key not in _DETAILS)
 
 

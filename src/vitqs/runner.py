@@ -869,26 +869,9 @@ def _exact_observables(run: Run) -> dict:
     return {f"exact_{name}": np.asarray(estimate.mean) for name, estimate in measured.items()}
 
 
-# the keys of ``vitqs run --json``, besides results_file: a selection of `results.summary`
-_JSON_FIELDS = (
-    "name",
-    "energy",
-    "energy_error",
-    "variance",
-    "v_score",
-    "exact_energy",
-    "reference",
-    "relative_error",
-    "n_params",
-    "n_iter",
-    "seconds",
-    "seconds_per_iter",
-    "note",
-    "final_samples",
-    "stopped_by",
-    "extrapolated_energy",
-    "extrapolated_error",
-)
+# the keys of ``vitqs run --json``, besides results_file: the summary's but the status (a
+# run that returns has finished) and the size of the lattice
+_JSON_FIELDS = tuple(k for k in results.SUMMARY_FIELDS if k not in ("status", "n_sites"))
 
 
 def summary(record: results.RunRecord, path: Path) -> dict:
