@@ -156,3 +156,13 @@ def test_a_searched_sector_cannot_also_be_given(tmp_path, capsys):
     path = write_config(tmp_path / "ring6.yaml", data)
     code, _, err = run_main(capsys, "run", path, "--quiet")
     assert_one_line_error(code, err, "model.sector=search", "model.momentum=[3]")
+
+
+def test_a_search_given_too_little_time_says_how_long_it_needs(tmp_path, capsys):
+    # 50 steps a round at least: 0.05 s cannot hold them, and the search says so, then
+    # takes them (and still finds the sector)
+    path = write_config(tmp_path / "ring6.yaml", _ring_config(tmp_path, 6))
+    code, out, err = run_main(capsys, "sectors", path, "--seconds", "0.05")
+    assert code == 0, err
+    assert "sector search: 4 candidates at" in err and "more than the 0.05 s given it" in err
+    assert "chosen  k=[3] chi=++ flip -1" in out

@@ -246,7 +246,12 @@ def _cmd_sectors(args) -> int:
     if args.first_steps is not None and args.first_steps < 1:
         raise ConfigError(f"sectors: --first-steps={args.first_steps} must be >= 1")
     config = load(args.config, args.overrides)
-    result = search(config, seconds=args.seconds, first_steps=args.first_steps or FIRST_STEPS)
+    result = search(
+        config,
+        seconds=args.seconds,
+        first_steps=args.first_steps or FIRST_STEPS,
+        say=lambda line: print(line, file=sys.stderr),
+    )
     print(f"{config.name}: {len(result.trials)} candidate sectors, {result.seconds:.1f} s")
     for row in result.rows():
         energy = "" if row["energy"] is None else f"{row['energy']:.8f} ± {row['energy_error']:.1e}"

@@ -174,7 +174,8 @@ def _search_sector(config: Config, initial_parameters, overwrite: bool):
     if not overwrite:  # refused now, not after the search
         distributed.on_root(lambda: workfile.refuse_existing(target))
     seconds = None if config.budget is None else SEARCH_SHARE * config.budget
-    found = sector_search.search(config, seconds=seconds)
+    say = (lambda line: print(line, file=sys.stderr)) if distributed.is_root() else None
+    found = sector_search.search(config, seconds=seconds, say=say)
     chosen = found.chosen
     # the steps average over the translations (a space-group average costs the point group's
     # order more a step); the final state over the space group, on the characters found

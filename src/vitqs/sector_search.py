@@ -99,13 +99,20 @@ def trial_config(config: Config, sector: Sector) -> Config:
     return from_dict(data)
 
 
-def search(config: Config, *, seconds: float | None = None, first_steps: int = FIRST_STEPS):
+def search(
+    config: Config,
+    *,
+    seconds: float | None = None,
+    first_steps: int = FIRST_STEPS,
+    say=None,
+):
     """Returns the `SearchResult` of successive halving over the candidate sectors.
 
     ``seconds``: the wall-clock time the whole search may take, split evenly over its rounds
     and within a round over its survivors, though every trial makes ``first_steps`` steps a
-    round at least (fewer say nothing about a sector: it may take longer); None: rounds of
-    ``first_steps`` steps, doubling.
+    round at least (fewer say nothing about a sector: it may take longer, and ``say``, a
+    callable taking one line, is told so once the first trial's steps give the pace); None:
+    rounds of ``first_steps`` steps, doubling.
     """
     start = time.perf_counter()
     trials = [Trial(sector) for sector in candidates_of(config)]
@@ -127,7 +134,10 @@ def search(config: Config, *, seconds: float | None = None, first_steps: int = F
         share = None if left is None else left / (n_rounds - round_index) / len(alive)
         for trial in alive:
             if not trial.stalled:
+                began = time.perf_counter()
                 _advance(trial, steps, share, least=first_steps)
+                if trial is alive[0] and round_index == 0 and seconds is not None and say:
+                    _tell_pace(trial, began, len(alive), n_rounds, seconds, say)
             trial.rounds += 1
         alive = [t for t in alive if not t.refused]
         if not alive:
@@ -146,6 +156,25 @@ def candidates_of(config: Config) -> list[Sector]:
     hamiltonian = build_hamiltonian(config)
     spins = isinstance(config.hamiltonian, HeisenbergConfig)
     return candidates(hamiltonian.lattice, spin_flip=spins and config.hamiltonian.total_sz == 0)
+
+
+def _tell_pace(trial: Trial, began: float, n_alive: int, n_rounds: int, seconds, say) -> None:
+    """Says, when the rounds' least steps at the first trial's pace need more than
+    ``seconds``, how long the search will take: longer than its share of a budget, the
+    steps after it get less."""
+    per_step = (time.perf_counter() - began) / max(len(trial.energies), 1)
+    steps = len(trial.energies)
+    needed = 0.0
+    alive = n_alive
+    for _ in range(n_rounds):
+        needed += alive * steps * per_step
+        alive = math.ceil(alive / 2)
+    if needed > seconds:
+        say(
+            f"sector search: {n_alive} candidates at {per_step:.2g} s a step and "
+            f"{steps} steps a round at least need ~{needed:.0f} s, more than the {seconds:g} s "
+            "given it; the search takes them (a shorter one says little about a sector)"
+        )
 
 
 def _halvings(n: int) -> int:
