@@ -1116,11 +1116,16 @@ def optimisation_seconds(config: Config) -> float | None:
 
 
 def n_steps(config: Config) -> int | None:
-    """Returns the optimisation steps: ``optimizer.n_iter``, else 300 without a budget and
-    None (the budget ends it) with one."""
-    if config.optimizer.n_iter is not None:
-        return config.optimizer.n_iter
-    return DEFAULT_STEPS if config.budget is None else None
+    """Returns the optimisation steps of the config (`steps_of`)."""
+    return steps_of(config.optimizer.n_iter, budgeted=config.budget is not None)
+
+
+def steps_of(n_iter: int | None, budgeted: bool) -> int | None:
+    """Returns the optimisation steps: ``n_iter``, else 300 without a budget and None (the
+    budget ends them) with one."""
+    if n_iter is not None:
+        return n_iter
+    return None if budgeted else DEFAULT_STEPS
 
 
 def final_open_ended(config: Config) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vitqs.config import DEFAULT_STEPS, OptimizerConfig, SamplerConfig
+from vitqs.config import OptimizerConfig, SamplerConfig, steps_of
 from vitqs.distributed import agree_all, agree_max, broadcast_from_root, reduce_sum
 from vitqs.models.precision import NetworkCopy
 from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
@@ -147,9 +147,7 @@ class VMC:
             local_energy_dtype, key="sampler.local_energy_dtype"
         )
         self.max_seconds = max_seconds
-        self.n_steps = self.optimizer.n_iter
-        if self.n_steps is None:  # a budget's run is as long as the budget allows
-            self.n_steps = DEFAULT_STEPS if max_seconds is None else None
+        self.n_steps = steps_of(self.optimizer.n_iter, budgeted=max_seconds is not None)
         # a schedule is the value: asked for the step's lr and diagonal shift
         self.lr = Schedule.of(self.optimizer.lr, self.n_steps)
         self.diag_shift = Schedule.of(self.optimizer.diag_shift, self.n_steps)
