@@ -55,6 +55,10 @@ def test_smoke_times_every_phase_of_both_problems_eager_and_compiled(smoke):
         assert compiled["compile_seconds"] > 0 and compiled["compile_error"] is None
         counts = record["models"][problem]
         assert counts["n_params_ours"] == row["n_params"] and counts["n_params_netket"] > 0
+    # netket's like: the same network, unsymmetrized
+    bare, eager = (record["parts"][f"j1j2_6x6/{mode}"] for mode in ("bare", "eager"))
+    assert bare["status"] == "ok" and bare["n_params"] == eager["n_params"]
+    assert bare["timing"]["seconds"]["local_energy"] > 0
 
 
 @pytest.mark.slow
