@@ -33,14 +33,15 @@ memory is the row's own):
    again after an in-place update; at the same time ``tests.compiled_vs_eager``, the suite's
    compiled-vs-eager tests (tests/models/test_compiled.py, which run on the CPU);
 5. ``j1j2_6x6/compiled``, ``tutorial_10x10/compiled``: the rows with ``sampler.compile=true``;
-6. ``j1j2_6x6/netket``, and ``j1j2_6x6/bare``: our ViT as netket's peer runs its own, one
+6. ``j1j2_6x6/float32``, ``tutorial_10x10/float32``: compiled chains and float32 local
+   energies (``sampler.local_energy_dtype``);
+7. ``j1j2_6x6/netket``, and ``j1j2_6x6/bare``: our ViT as netket's peer runs its own, one
    network without the average over translations and spin flip (``MODES``).
 
-Then the checks (`criteria`): CUDA tests pass, compiled = eager, the faster of each problem's
-two rows ≤ 1 s (6×6) and ≤ 2 s (10×10) per step, ≤ 0.5 × netket's step on the same card (the
-bare row against it where that ran: the same work), and
-(informative) the 10×10 row against netket's published 7.51 s on one A100. A time guard
-(``--budget``, default 330 s) skips the parts that would start too late and says so.
+Then the checks (`criteria`): CUDA tests pass, compiled = eager, the fastest of each problem's
+rows (eager, compiled, float32) ≤ 1 s (6×6) and ≤ 2 s (10×10) per step, ≤ 0.5 × netket's step
+on the same card (the bare row against it where that ran: the same work), and (informative) the 10×10 row against netket's published 7.51 s on one A100. A time guard
+(``--budget``, default 400 s) skips the parts that would start too late and says so.
 ``--smoke`` shrinks both problems to a 4×4 lattice and a one-layer ViT on the CPU, 1 + 1 steps,
 netket on the 10×10 toy only, and skips ``tests.compiled_vs_eager``. Written to ``--out``:
 ``gpu_check.json`` (after every stage, so a killed run keeps what it measured),
@@ -105,7 +106,7 @@ def _parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="folder (default: $OUT, else a temp one)")
     parser.add_argument("--smoke", action="store_true", help="toy sizes on the CPU, in seconds")
-    parser.add_argument("--budget", type=float, default=330.0, help="seconds for all parts")
+    parser.add_argument("--budget", type=float, default=400.0, help="seconds for all parts")
     parser.add_argument("--n-warmup", type=int, default=None, help="default 2 (1 with --smoke)")
     parser.add_argument("--n-iter", type=int, default=None, help="default 3 (1 with --smoke)")
     parser.add_argument("--parts", default=None, help="comma-separated part names (default all)")
@@ -125,6 +126,8 @@ MODES = {
     "compiled": ["sampler.compile=true"],
     # netket's ViT as its peer runs it: one network, no average over translations or spin flip
     "bare": ["sampler.compile=false", "model.symmetrize=none", "model.spin_flip=0"],
+    # compiled chains and the local energies' amplitude ratios from a float32 copy
+    "float32": ["sampler.compile=true", "sampler.local_energy_dtype=float32"],
 }
 # samples per chunk of netket's local energies: the 10x10 unchunked asked jax for 73 GiB at
 # once and stopped on an H200 (139 GiB)
@@ -393,6 +396,7 @@ def _plan(smoke: bool) -> list[list[tuple[str, dict, float]]]:
     equality = ("compiled_equals_eager", {"kind": "equality"}, 150.0)
     stages += [[equality, ("tests.compiled_vs_eager", {"kind": "pytest"}, 150.0)]]
     stages += [row("j1j2_6x6", "compiled", 120), row("tutorial_10x10", "compiled", 120)]
+    stages += [row("j1j2_6x6", "float32", 120), row("tutorial_10x10", "float32", 120)]
     stages += [row("j1j2_6x6", "netket", 120), row("j1j2_6x6", "bare", 90)]
     if smoke:  # one netket row proves the path on the CPU, where each costs ~20 s of jit
         for name, spec, _ in (part for stage in stages for part in stage):
@@ -650,10 +654,10 @@ NETKET_RATIO_LIMIT = 0.5  # ours / netket's step on the same card
 
 
 def _best_row(parts: dict, problem: str) -> tuple[float, str] | None:
-    """Returns ``(seconds per step, mode)`` of the faster of our two rows, None for neither."""
+    """Returns ``(seconds per step, mode)`` of the fastest of our eager, compiled and float32 rows, None for neither."""
     timed = [
         (parts[f"{problem}/{mode}"]["seconds_per_iter"], mode)
-        for mode in ("eager", "compiled")
+        for mode in ("eager", "compiled", "float32")
         if parts.get(f"{problem}/{mode}", {}).get("status") == "ok"
     ]
     return min(timed) if timed else None

@@ -43,7 +43,7 @@ def test_smoke_times_every_phase_of_both_problems_eager_and_compiled(smoke):
     _, record, _ = smoke
     assert record["smoke"] is True and record["n_iter"] >= 1
     for problem in gpu_check.PROBLEMS:
-        for mode in ("eager", "compiled"):
+        for mode in ("eager", "compiled", "float32"):
             row = record["parts"][f"{problem}/{mode}"]
             assert row["status"] == "ok", row
             assert row["n_params"] > 0 and row["n_params_netket_shape"] > 0
