@@ -3,7 +3,9 @@
 A config read from YAML that names only what is required, the sections made in Python with
 nothing given, and the constructors of the objects those options reach, called without the
 option, must agree field by field. A default written in two places that drifts apart (the
-optimizer's lr was 0.01 in YAML and 0.02 in Python) fails here.
+optimizer's lr was 0.01 in YAML and 0.02 in Python) fails here. A section left out is its
+problem's recipe (`vitqs.recipes`), in YAML and in Python alike; a section written empty is
+the schema's defaults.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ MINIMAL_YAML = """
 lattice: {shape: [4]}
 hamiltonian: {kind: heisenberg}
 """
+# every section written, and empty: the schema's defaults
+EMPTY_SECTIONS = MINIMAL_YAML + "model: {}\nsampler: {}\noptimizer: {}\nfinal: {}\n"
 MINIMAL_BOSONS = {
     "lattice": {"shape": [4]},
     "hamiltonian": {"kind": "bose_hubbard", "n_particles": 4},
@@ -46,12 +50,17 @@ def _defaults(section) -> dict:
 
 
 def test_sections_made_in_python_equal_the_sections_read_from_yaml():
+    system = {"lattice": cfg.LatticeConfig(shape=[4]), "hamiltonian": cfg.HeisenbergConfig()}
     from_yaml = cfg.from_dict(parse_yaml(MINIMAL_YAML))
-    in_python = cfg.Config(lattice=cfg.LatticeConfig(shape=[4]), hamiltonian=cfg.HeisenbergConfig())
-    assert from_yaml == in_python
+    assert from_yaml == cfg.Config(**system)  # both the recipe
+    written = cfg.from_dict(parse_yaml(EMPTY_SECTIONS))
+    sections = {name: cls() for name, cls in cfg._SECTIONS.items() if name != "lattice"}
+    assert written == cfg.Config(**system, **sections)
     for name in ("model", "sampler", "optimizer", "exact", "final", "output", "distributed"):
-        section = getattr(from_yaml, name)
+        section = getattr(written, name)
         assert dataclasses.asdict(section) == _defaults(type(section)), name
+    recipe = cfg.recipe_sections(from_yaml.lattice, from_yaml.hamiltonian)
+    assert {name: getattr(from_yaml, name) for name in recipe} == recipe
     bosons = cfg.from_dict(MINIMAL_BOSONS).hamiltonian
     assert dataclasses.asdict(bosons) == {**_defaults(cfg.BoseHubbardConfig), "n_particles": 4}
 
@@ -111,6 +120,6 @@ def test_a_loop_made_in_python_optimizes_with_the_yaml_s_optimizer():
     hamiltonian = Heisenberg(Lattice((4,)))
     model = ViT((4,), layers=1)
     vmc = VMC(hamiltonian, model, MetropolisSampler(hamiltonian))
-    assert vmc.optimizer == cfg.from_dict(parse_yaml(MINIMAL_YAML)).optimizer
+    assert vmc.optimizer == cfg.from_dict(parse_yaml(EMPTY_SECTIONS)).optimizer
     assert vmc.lr(0) == cfg.OptimizerConfig.lr
     assert vmc.diag_shift(0) == cfg.OptimizerConfig.diag_shift

@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vitqs"
 
 # ARCHITECTURE.md's table, top to bottom
 LAYERS = {
-    "base": ["config", "yamlfile", "errors", "distributed", "h5tree", "files"],
+    "base": ["config", "recipes", "yamlfile", "errors", "distributed", "h5tree", "files"],
     "physics": ["physics"],
     "models": ["models"],
     "vmc": ["vmc"],

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from vitqs import recipes
+from vitqs.recipes import singlet_spin_flip
 from vitqs.errors import ConfigError, describe, shown
 from vitqs.yamlfile import apply_overrides, read_yaml
 
@@ -1033,11 +1035,12 @@ class Config(Section):
     )
     lattice: LatticeConfig | None = None  # required, as is the hamiltonian
     hamiltonian: HeisenbergConfig | BoseHubbardConfig | None = None
-    model: ModelConfig = field(default_factory=ModelConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    # left out (None): the recipe of the problem's class (`vitqs.recipes`)
+    model: ModelConfig | None = None
+    sampler: SamplerConfig | None = None
+    optimizer: OptimizerConfig | None = None
     exact: ExactConfig = field(default_factory=ExactConfig)
-    final: FinalConfig = field(default_factory=FinalConfig)
+    final: FinalConfig | None = None
     output: OutputConfig = field(default_factory=OutputConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
@@ -1046,6 +1049,10 @@ class Config(Section):
             if getattr(self, section) is None:
                 raise ConfigError(f"the '{section}' section is required")
         super().__post_init__()
+        _check_lattice(self.lattice, self.hamiltonian)  # before a recipe reads the lattice
+        for name, section in recipe_sections(self.lattice, self.hamiltonian, self.model).items():
+            if getattr(self, name) is None:
+                setattr(self, name, section)
         _check_consistency(self)
 
     @property
@@ -1055,6 +1062,22 @@ class Config(Section):
     def to_dict(self) -> dict:
         """Returns the resolved config as plain data (what the results file embeds)."""
         return dataclasses.asdict(self)
+
+
+def recipe_sections(lattice, hamiltonian, model: ModelConfig | None = None) -> dict:
+    """Returns the recipe of a lattice and Hamiltonian (`recipes.recipe`) as built sections,
+    its sampler fitted to ``model`` where the config wrote one."""
+    data = recipes.recipe(lattice, hamiltonian, model)
+    return {name: _build(_SECTIONS[name], data[name], f"{name}.") for name in recipes.SECTIONS}
+
+
+def recipe_followed(config: Config) -> dict:
+    """Returns the recipe a config follows: ``{class, name, sections}``, its sections (of
+    `recipes.SECTIONS`) equal to its class's recipe, whether written or left out."""
+    kind = recipes.problem_class(config.hamiltonian)
+    taken = recipe_sections(config.lattice, config.hamiltonian, config.model)
+    sections = [name for name in recipes.SECTIONS if getattr(config, name) == taken[name]]
+    return {"class": kind, "name": recipes.CLASSES[kind], "sections": sections}
 
 
 _SECTIONS = {
@@ -1275,7 +1298,11 @@ def from_dict(data, *, default_name: str | None = None) -> Config:
     for section in ("lattice", "hamiltonian"):
         if section not in data:
             raise ConfigError(f"the '{section}' section is required")
-    sections = {name: _build(cls, data.get(name), f"{name}.") for name, cls in _SECTIONS.items()}
+    sections = {
+        name: _build(cls, data.get(name), f"{name}.")
+        for name, cls in _SECTIONS.items()
+        if name not in recipes.SECTIONS or data.get(name) is not None  # else the recipe's
+    }
     sections["hamiltonian"] = _build_hamiltonian(data["hamiltonian"])
     scalars = {name: data[name] for name in top if name in data and name not in sections}
     config = Config(**scalars, **sections)  # checks every value, then their consistency
@@ -1454,13 +1481,6 @@ def _check_sign_prior(config: Config) -> None:
             f"model.sign_prior={prior} needs a 2-d lattice, got lattice.shape="
             f"{config.lattice.shape}; a chain allows none or stripes_x"
         )
-
-
-def singlet_spin_flip(n_sites: int, sign_rule: bool) -> int:
-    """Returns the eigenvalue of global spin inversion on a singlet of ``n_sites`` spins at
-    S^z = 0: ``(−1)^(N/2)``, and +1 in the basis of the Marshall sign rule, whose rotation of
-    the N/2 spins of one sublattice multiplies it by ``(−1)^(N/2)``."""
-    return 1 if sign_rule else (-1) ** (n_sites // 2)
 
 
 def _check_singlet_flip(config: Config) -> None:

@@ -18,7 +18,8 @@ Layout (format_version 2)::
                                  conventions, n_sites, n_params, e_inf; failure (a failed
                                  run's reason), initial_state (seed | previous point |
                                  init_from; both absent in older files), sector_search
-                                 (JSON: the choice and table of model.sector: search)
+                                 (JSON: the choice and table of model.sector: search),
+                                 recipe (JSON: the class and the sections from its recipe)
     /history/<field>      1-D, one entry per iteration, resizable; fields = HISTORY_FIELDS
     /exact                attrs EXACT_FIELDS                       (only with an exact reference)
     /final                attrs FINAL_FIELDS                       (only once the run finished;
@@ -257,6 +258,8 @@ class RunRecord:
     initial_state: str = ""
     # ``model.sector: search``: the search's choice, margin, seconds and table, as JSON text
     sector_search: str = ""
+    # the recipe the config followed (`config.recipe_followed`: class, name, sections), JSON text
+    recipe: str = ""
 
     def __setattr__(self, name, value):
         if name == "history" and not isinstance(value, History):
@@ -528,6 +531,8 @@ def _write_root_attrs(f: h5py.File, record: RunRecord) -> None:
         f.attrs["initial_state"] = record.initial_state
     if record.sector_search:
         f.attrs["sector_search"] = record.sector_search
+    if record.recipe:
+        f.attrs["recipe"] = record.recipe
 
 
 def _write_history(group: h5py.Group, record: RunRecord) -> None:
@@ -610,6 +615,7 @@ def _read_file(f: h5py.File, path: Path) -> RunRecord:
         failure=attrs.text("failure") if "failure" in f.attrs else "",
         initial_state=attrs.text("initial_state") if "initial_state" in f.attrs else "",
         sector_search=attrs.text("sector_search") if "sector_search" in f.attrs else "",
+        recipe=attrs.text("recipe") if "recipe" in f.attrs else "",
     )
     if record.status not in STATUSES:
         raise ResultsError(f"{path}: status {record.status!r} is not one of {list(STATUSES)}")

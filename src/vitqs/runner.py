@@ -23,7 +23,7 @@ import yaml
 
 from vitqs import checkpoint, distributed, files, results, sector_search, workfile
 from vitqs.build import build_vmc, exact_ground_state, final_network, ground_state_outside
-from vitqs.config import Config, ConfigError, final_open_ended, final_samples
+from vitqs.config import Config, ConfigError, final_open_ended, final_samples, recipe_followed
 from vitqs.errors import first_line
 from vitqs.extrapolation import stage_extrapolation
 from vitqs.models import invariances
@@ -127,6 +127,7 @@ def run_config(
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
     distributed.on_root(lambda: workfile.check_output_dir(config.output.dir))
+    recipe = "" if resume else json.dumps(recipe_followed(config))
     searched = ""
     if config.model.sector == "search":
         if resume:  # the sector its steps were made in
@@ -146,12 +147,23 @@ def run_config(
         )
         if searched:
             run.record.sector_search = searched
+        if recipe:
+            run.record.recipe = recipe
+            _say_recipe(config.name, json.loads(recipe))
         distributed.share_parameters(run.vmc.model)  # every rank starts from rank 0's parameters
         with _Signals() as signals:
             _optimize(run, signals, progress and distributed.is_root(), start)
             finished = _finish(run, signals, start)
     distributed.barrier()  # rank 0 has written the file that every rank may read next
     return finished
+
+
+def _say_recipe(name: str, followed: dict) -> None:
+    """Prints the problem's class and the sections of the config that are its recipe's
+    (`config.recipe_followed`), once the config has been built: a refused one prints one line."""
+    if followed["sections"] and distributed.is_root():
+        taken = ", ".join(followed["sections"])
+        print(f"{name}: {followed['name']}; as its recipe: {taken}", file=sys.stderr)
 
 
 # The share of a budget the sector search (`model.sector: search`) takes; without a budget
@@ -182,6 +194,8 @@ def _search_sector(config: Config, initial_parameters, overwrite: bool):
     trained = config.model.symmetrize if config.model.symmetrize != "none" else "translations"
     model = dataclasses.replace(config.model, sector="given", symmetrize=trained, **chosen.keys())
     measured = config.final.symmetrize if config.final.symmetrize != "none" else "space_group"
+    if chosen.keys().get("point_characters") is not None:  # a sector of the space group
+        measured = "space_group"
     final = dataclasses.replace(config.final, symmetrize=measured)
     if distributed.is_root():
         print(

@@ -1,0 +1,142 @@
+"""The measured recipes: what a config leaves out comes from the recipe of its problem's class.
+
+A config names the lattice and the Hamiltonian (and a budget); the ``model``, ``sampler``,
+``optimizer`` and ``final`` sections it leaves out are taken from the recipe of its class,
+chosen from the Hamiltonian:
+
+- ``sign_rule``: spins whose Hamiltonian carries the Marshall sign rule (an unfrustrated
+  bipartite antiferromagnet): ψ positive in the rotated basis. Measured on the chain of 16,
+  the square 4×4 and 6×6, the 2-leg ladder and the honeycomb (results/accuracy.md).
+- ``frustrated``: spins without a sign rule (J2 > 0, triangular, kagome): ψ averaged over the
+  translations and projected on the singlet's spin inversion, the chains on the bare network
+  at |φ|^1.25, SPRING momentum, cosine learning rate. Measured on the J1-J2 4×4 (2.3e-6) and
+  the J1-J2 chain of 20; the triangular and kagome runs added the sign prior and the sector
+  read from ED, which a recipe cannot know.
+- ``bosons``: Bose-Hubbard: one-hot patches and a Jastrow factor. Measured on the chains of
+  8 and 12 across the Mott transition.
+
+A section the config writes is taken as written, its unset keys from the schema's defaults:
+a recipe is a whole section, never mixed key by key with the user's (a written ``sampler``
+with only ``n_samples`` is the schema's sampler with those samples). The run prints the class
+and the sections the recipe gave, and the results file keeps them (``recipe``). The schema
+(`vitqs.config`) builds the sections; this module holds data and rules only.
+
+The crystal momentum is k = 0 (on a chain without the sign rule, the Marshall sign's k) and
+the point-group characters trivial unless the config says otherwise or asks for the search
+(``model.sector: search``): the recipe does not guess a sector ED would have to give.
+"""
+
+from __future__ import annotations
+
+import copy
+
+# the sections a recipe may give
+SECTIONS = ("model", "sampler", "optimizer", "final")
+
+CLASSES = {
+    "sign_rule": "spins with a sign rule",
+    "frustrated": "spins without a sign rule",
+    "bosons": "bosons",
+}
+
+# lattices whose measured recipes took one-cell patches (2 and 3 sites a cell)
+_ONE_CELL_PATCHES = ("honeycomb", "kagome")
+# lattices whose final projection was measured over the whole space group
+_SPACE_GROUP_FINAL = ("triangular", "honeycomb", "kagome", "ladder")
+
+_MODEL = {
+    "kind": "vit",
+    "d_model": 16,
+    "heads": 4,
+    "layers": 2,
+    "attention": "factored",
+    "translation_invariant": True,
+}
+_SCHEDULES = {
+    "lr": {"schedule": "cosine", "start": 0.05, "end": 0.002},
+    "diag_shift": {"schedule": "exponential", "start": 1.0e-3, "end": 1.0e-4},
+}
+
+
+def problem_class(hamiltonian) -> str:
+    """Returns the class of a validated Hamiltonian section: ``sign_rule``, ``frustrated``
+    or ``bosons``."""
+    if hamiltonian.kind == "bose_hubbard":
+        return "bosons"
+    return "sign_rule" if hamiltonian.sign_rule else "frustrated"
+
+
+def patch_size(lattice) -> int:
+    """Returns the recipe's patch: 2 cells a side where every patched extent is even (a
+    ladder is patched along its legs only), else 1; one-cell patches on lattices of several
+    sites a cell."""
+    kind = lattice.resolved_kind
+    if kind in _ONE_CELL_PATCHES:
+        return 1
+    extents = lattice.shape[:1] if kind == "ladder" else lattice.shape
+    return 2 if all(extent % 2 == 0 and extent >= 4 for extent in extents) else 1
+
+
+def recipe(lattice, hamiltonian, model=None) -> dict:
+    """Returns the recipe of a validated lattice and Hamiltonian: ``{section: data}``, its
+    sampler fitted to ``model``, a section the config wrote (its chains run on the bare
+    network only where that model has one: a symmetrization or a spin inversion)."""
+    kind, written_model = problem_class(hamiltonian), model
+    model = {**_MODEL, "patch_size": patch_size(lattice)}
+    sampler = {"kind": "metropolis", "n_samples": 1024, "n_chains": 128, "n_discard": 4}
+    optimizer = {"method": "auto", **copy.deepcopy(_SCHEDULES), "momentum": 0.9}
+    final = {"n_discard": 16, "symmetrize": _final_projection(lattice)}
+    if kind == "sign_rule":
+        model["positive"] = True
+        sampler["n_discard"] = 8
+        optimizer |= {"lr": 0.05, "diag_shift": 1.0e-4}
+    elif kind == "frustrated":
+        model["symmetrize"] = "translations"
+        flip = _singlet_flip(hamiltonian, lattice.n_sites)
+        if flip:
+            model["spin_flip"] = flip
+        momentum = _marshall_momentum(lattice, hamiltonian)
+        if momentum:
+            model["momentum"] = momentum
+        sampler |= {"bare_chains": True, "machine_pow": 1.25}
+    else:
+        model |= {"embedding": "onehot", "jastrow": True}
+        sampler["n_discard"] = 8
+        optimizer |= {"lr": 0.05, "diag_shift": 1.0e-3, "momentum": None}
+    if written_model is not None and written_model.symmetrize == "none":
+        if not written_model.spin_flip:
+            for key in ("bare_chains", "machine_pow"):
+                sampler.pop(key, None)
+    return {"model": model, "sampler": sampler, "optimizer": optimizer, "final": final}
+
+
+def _final_projection(lattice) -> str:
+    return "space_group" if lattice.resolved_kind in _SPACE_GROUP_FINAL else "translations"
+
+
+def _marshall_momentum(lattice, hamiltonian) -> list | None:
+    """Returns the crystal momentum the Marshall sign gives the ground state of a periodic
+    chain without the sign rule (J2 < J1/2): a shift by one site exchanges the sublattices and
+    multiplies the Marshall sign by (−1)^(N/2), so k = π where L ≡ 2 (mod 4) (the ring of 6 is
+    at k = π). None elsewhere: k = 0 (on an even square, (−1)^(N/2) = +1 for every shift)."""
+    if lattice.resolved_kind != "chain" or lattice.pbc is False or lattice.pbc == [False]:
+        return None
+    (length,) = lattice.shape
+    if length % 4 != 2 or hamiltonian.total_sz != 0 or not 0 <= hamiltonian.J2 < hamiltonian.J1 / 2:
+        return None
+    return [length // 2]
+
+
+def singlet_spin_flip(n_sites: int, sign_rule: bool) -> int:
+    """Returns the eigenvalue of global spin inversion on a singlet of ``n_sites`` spins at
+    S^z = 0: ``(−1)^(N/2)``, and +1 in the basis of the Marshall sign rule, whose rotation of
+    the N/2 spins of one sublattice multiplies it by ``(−1)^(N/2)``."""
+    return 1 if sign_rule else (-1) ** (n_sites // 2)
+
+
+def _singlet_flip(hamiltonian, n_sites: int) -> int:
+    """Returns the spin inversion of the singlet ground state of an antiferromagnet at
+    S^z = 0 (J1 > 0, J2 ≥ 0), 0 where that rule does not apply."""
+    if hamiltonian.total_sz != 0 or n_sites % 2 or hamiltonian.J1 <= 0 or hamiltonian.J2 < 0:
+        return 0
+    return singlet_spin_flip(n_sites, hamiltonian.sign_rule)

@@ -1,0 +1,129 @@
+"""A config that names only the lattice, the Hamiltonian and a budget runs its class's
+measured recipe (issue 52): the sections it leaves out are the recipe's, a section it writes
+is its own, the recipe builds on every lattice of the defaults table, its network holds the
+exact ground state wherever the recipe claims a sector, and the run says and keeps which
+recipe it followed."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import pytest
+
+from helpers import last_json, run_main, write_config
+from vitqs.build import (
+    build_hamiltonian,
+    build_network,
+    exact_ground_state,
+    final_network,
+    ground_state_outside,
+)
+from vitqs.config import from_dict, recipe_followed
+from vitqs.recipes import problem_class
+
+# the systems of results/accuracy.md's defaults table, and two lattices more
+DEFAULTS_TABLE = {
+    "j1j2_4x4": ({"shape": [4, 4]}, {"kind": "heisenberg", "J2": 0.5}),
+    "j1j2_chain20": ({"shape": [20]}, {"kind": "heisenberg", "J2": 0.4}),
+    "triangular_6x4": ({"kind": "triangular", "shape": [6, 4]}, {"kind": "heisenberg"}),
+    "kagome_2x3": ({"kind": "kagome", "shape": [2, 3]}, {"kind": "heisenberg"}),
+    "bose_hubbard_chain12": (
+        {"shape": [12]},
+        {"kind": "bose_hubbard", "U": 3.3, "n_particles": 12},
+    ),
+    "bose_hubbard_3x3": ({"shape": [3, 3]}, {"kind": "bose_hubbard", "U": 16.7, "n_particles": 9}),
+    "heisenberg_6x6": ({"shape": [6, 6]}, {"kind": "heisenberg", "sign_rule": True}),
+    "honeycomb_3x3": ({"kind": "honeycomb", "shape": [3, 3]}, {"kind": "heisenberg", "sign_rule": True}),
+    "ladder_10": (
+        {"kind": "ladder", "shape": [10, 2]},
+        {"kind": "heisenberg", "sign_rule": True, "J_leg": 1.0, "J_rung": 1.0},
+    ),
+}
+
+
+def _minimal(lattice, hamiltonian, **more) -> dict:
+    return {"lattice": lattice, "hamiltonian": hamiltonian, "budget": 1200, **more}
+
+
+@pytest.mark.parametrize("name", DEFAULTS_TABLE)
+def test_the_recipe_builds_on_every_system_of_the_defaults_table(name):
+    config = from_dict(_minimal(*DEFAULTS_TABLE[name]))
+    followed = recipe_followed(config)
+    assert followed["sections"] == ["model", "sampler", "optimizer", "final"]
+    assert followed["class"] == problem_class(config.hamiltonian)
+    hamiltonian = build_hamiltonian(config)
+    model = build_network(config, hamiltonian)
+    final_network(config, model, hamiltonian.lattice)
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_each_class_takes_its_measured_recipe():
+    frustrated = from_dict(_minimal(*DEFAULTS_TABLE["j1j2_4x4"]))
+    # configs/benchmarks/j1j2_4x4_mc.yaml, the 2.3e-6 run, less what the budget sizes
+    assert (frustrated.model.symmetrize, frustrated.model.spin_flip) == ("translations", 1)
+    assert frustrated.sampler.bare_chains and frustrated.sampler.machine_pow == 1.25
+    assert (frustrated.sampler.n_chains, frustrated.sampler.n_discard) == (128, 4)
+    assert frustrated.optimizer.momentum == 0.9
+    assert frustrated.optimizer.lr == {"schedule": "cosine", "start": 0.05, "end": 0.002}
+    signed = from_dict(_minimal(*DEFAULTS_TABLE["heisenberg_6x6"]))
+    assert signed.model.positive and signed.model.symmetrize == "none"
+    bosons = from_dict(_minimal(*DEFAULTS_TABLE["bose_hubbard_chain12"]))
+    assert (bosons.model.embedding, bosons.model.jastrow) == ("onehot", True)
+    assert bosons.final.symmetrize == "translations"
+    kagome = from_dict(_minimal(*DEFAULTS_TABLE["kagome_2x3"]))
+    assert kagome.model.patch_size == 1 and kagome.final.symmetrize == "space_group"
+    assert kagome.model.spin_flip == -1  # a singlet of 18 spins
+
+
+def test_a_written_section_is_the_users_and_the_others_stay_the_recipes():
+    lattice, hamiltonian = DEFAULTS_TABLE["j1j2_4x4"]
+    config = from_dict(_minimal(lattice, hamiltonian, sampler={"n_samples": 2048}))
+    # the written sampler is the schema's with its one key: no key of the recipe's mixed in
+    assert config.sampler.n_samples == 2048 and not config.sampler.bare_chains
+    assert config.sampler.machine_pow == 2.0
+    assert recipe_followed(config)["sections"] == ["model", "optimizer", "final"]
+    # a written model without a projection: the recipe's sampler has no bare network to use
+    plain = from_dict(_minimal(lattice, hamiltonian, model={"d_model": 8}))
+    assert not plain.sampler.bare_chains and plain.sampler.machine_pow == 2.0
+    assert plain.sampler.n_chains == 128 and plain.optimizer.momentum == 0.9
+    assert recipe_followed(plain)["sections"] == ["sampler", "optimizer", "final"]
+
+
+# small systems whose recipe claims a sector: k = 0 (the Marshall k = π on rings of
+# L ≡ 2 mod 4) and the singlet's spin inversion
+SMALL = {
+    "ring6": ({"shape": [6]}, {"kind": "heisenberg"}),
+    "ring10_j2": ({"shape": [10]}, {"kind": "heisenberg", "J2": 0.3}),
+    "ring8": ({"shape": [8]}, {"kind": "heisenberg"}),
+    "j1j2_4x4": DEFAULTS_TABLE["j1j2_4x4"],
+    "square_4x4_sign_rule": ({"shape": [4, 4]}, {"kind": "heisenberg", "sign_rule": True}),
+    "bose_hubbard_ring6": ({"shape": [6]}, {"kind": "bose_hubbard", "U": 4.0, "n_particles": 6}),
+}
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_the_recipes_network_holds_the_exact_ground_state(name):
+    config = from_dict(_minimal(*SMALL[name]))
+    hamiltonian = build_hamiltonian(config)
+    solved = exact_ground_state(config, hamiltonian, return_vector=True, use_cache=False)
+    model = build_network(config, hamiltonian)
+    assert ground_state_outside(hamiltonian, model, solved.vector) is None
+    measured = final_network(config, model, hamiltonian.lattice)
+    assert ground_state_outside(hamiltonian, measured, solved.vector) is None
+
+
+@pytest.mark.slow
+def test_a_config_of_lattice_hamiltonian_and_budget_runs_the_recipe(tmp_path, capsys):
+    # the 6-site ring without the sign rule: its ground state is at k = π, flip −1
+    data = _minimal({"shape": [6]}, {"kind": "heisenberg"}, budget=6)
+    data |= {"name": "ring6", "threads": 1, "output": {"dir": str(tmp_path)}}
+    path = write_config(tmp_path / "ring6.yaml", data)
+    code, out, err = run_main(capsys, "run", path, "--json", "--quiet")
+    assert code == 0, err
+    assert "ring6: spins without a sign rule; as its recipe: model, sampler, optimizer, final" in err
+    summary = last_json(out)
+    assert abs(summary["relative_error"]) < 1e-8  # measured: 2e-16
+    with h5py.File(tmp_path / "ring6.h5") as f:
+        kept = json.loads(f.attrs["recipe"])
+    assert kept["class"] == "frustrated" and len(kept["sections"]) == 4
