@@ -216,6 +216,13 @@ def _introduction() -> list[str]:
         "kept for when the default does not fit the machine or the run (device, precision, "
         "memory, time, files), whether or not a shipped config sets it.",
         "",
+        "**A section left out is a recipe.** The `model`, `sampler`, `optimizer` and `final` "
+        "sections a config does not write are the measured recipe of its problem's class "
+        "(spins with a sign rule, spins without one, bosons: `src/vitqs/recipes.py`, "
+        "[new_system.md](new_system.md)); the run prints the class and the sections its "
+        "recipe gave. A section the config writes is its own: the keys it leaves out take the "
+        "defaults of the tables below, never the recipe's.",
+        "",
         f"Integers are at most {config.MAX_INTEGER:,} (2^53), lattices at most "
         f"{config.MAX_SITES:,} sites, names (`name`, a sweep's `name` and its points' "
         f"`key=value`) plain file names of at most {config.MAX_NAME_BYTES} bytes without `/`, a "
