@@ -236,8 +236,8 @@ def _retired() -> list[str]:
     lines = [
         "## Retired keys",
         "",
-        "Levers that were measured and not adopted (issue 51; results/performance.md and "
-        "results/accuracy.md keep the measurements). A config, or an older results file, that "
+        "Levers that were measured and not adopted (issue 51; results/history/ keeps the "
+        "measurements). A config, or an older results file, that "
         "holds the value which left one off still reads, the key dropped; any other value is "
         "refused with one line.",
         "",
