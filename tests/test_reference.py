@@ -39,11 +39,11 @@ def test_even_heisenberg_ring_has_the_bethe_energy(n_sites):
         Heisenberg(Lattice((64,)), J1=1.0, total_sz=1.0),  # not the ground state's sector
         Heisenberg(Lattice((64,)), J1=-1.0),  # ferromagnet
         Heisenberg(Lattice((6, 6)), J1=1.0, J2=0.3),  # a ratio nobody tabulated here
-        Heisenberg(Lattice((8, 8)), J1=1.0),
+        Heisenberg(Lattice((12, 12)), J1=1.0),  # no QMC figure tabulated here
         Heisenberg(Lattice((6, 6), pbc=False), J1=1.0),
         BoseHubbard(Lattice((12,)), J=1.0, U=3.3, n_particles=12),
     ],
-    ids=["j1j2-chain", "open", "sz1", "ferro", "j2-0.3", "8x8", "open-6x6", "bose-hubbard"],
+    ids=["j1j2-chain", "open", "sz1", "ferro", "j2-0.3", "12x12", "open-6x6", "bose-hubbard"],
 )
 def test_no_reference_where_none_is_exact(hamiltonian):
     assert reference_energy(hamiltonian) is None
@@ -100,3 +100,17 @@ def test_the_8x8_j1j2_has_the_best_published_estimate_and_says_it_is_not_exact()
     assert reference.energy == pytest.approx(-0.49906 * 64, rel=1e-12)
     assert "not exact" in reference.method and "Hu, Becca, Parola & Sorella" in reference.method
     assert reference_energy(Heisenberg(Lattice((8, 8)), J1=1.0, J2=0.4)) is None
+
+
+@pytest.mark.parametrize("size, per_site", [(8, -0.673487), (10, -0.671549)])
+def test_the_unfrustrated_square_past_ed_has_sandviks_qmc_energy(size, per_site):
+    from vitqs.physics.lattice import Lattice
+    from vitqs.physics.operators import Heisenberg
+    from vitqs.physics.reference import reference_energy
+
+    for sign_rule in (False, True):  # a change of basis: the same energy
+        hamiltonian = Heisenberg(Lattice((size, size)), J1=2.0, sign_rule=sign_rule)
+        reference = reference_energy(hamiltonian)
+        assert reference.energy == pytest.approx(per_site * 2.0 * size**2, rel=1e-12)
+        assert "QMC" in reference.method and "Sandvik, PRB 56, 11678 (1997)" in reference.method
+
