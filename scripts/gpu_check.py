@@ -40,8 +40,9 @@ memory is the row's own):
 
 Then the checks (`criteria`): CUDA tests pass, compiled = eager, the fastest of each problem's
 rows (eager, compiled, float32) ≤ 1 s (6×6) and ≤ 2 s (10×10) per step, ≤ 0.5 × netket's step
-on the same card (the bare row against it where that ran: the same work), and (informative) the 10×10 row against netket's published 7.51 s on one A100. A time guard
-(``--budget``, default 400 s) skips the parts that would start too late and says so.
+on the same card (the bare row against it where that ran: the same work), and (informative)
+the 10×10 row against netket's published 7.51 s on one A100. A time guard (``--budget``,
+default 400 s) skips the parts that would start too late and says so.
 ``--smoke`` shrinks both problems to a 4×4 lattice and a one-layer ViT on the CPU, 1 + 1 steps,
 netket on the 10×10 toy only, and skips ``tests.compiled_vs_eager``. Written to ``--out``:
 ``gpu_check.json`` (after every stage, so a killed run keeps what it measured),
@@ -654,7 +655,8 @@ NETKET_RATIO_LIMIT = 0.5  # ours / netket's step on the same card
 
 
 def _best_row(parts: dict, problem: str) -> tuple[float, str] | None:
-    """Returns ``(seconds per step, mode)`` of the fastest of our eager, compiled and float32 rows, None for neither."""
+    """Returns ``(seconds per step, mode)`` of the fastest of our eager, compiled and float32
+    rows, None for none."""
     timed = [
         (parts[f"{problem}/{mode}"]["seconds_per_iter"], mode)
         for mode in ("eager", "compiled", "float32")

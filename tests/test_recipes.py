@@ -10,8 +10,8 @@ import json
 
 import h5py
 import pytest
-
 from helpers import last_json, run_main, write_config
+
 from vitqs.build import (
     build_hamiltonian,
     build_network,
@@ -34,7 +34,10 @@ DEFAULTS_TABLE = {
     ),
     "bose_hubbard_3x3": ({"shape": [3, 3]}, {"kind": "bose_hubbard", "U": 16.7, "n_particles": 9}),
     "heisenberg_6x6": ({"shape": [6, 6]}, {"kind": "heisenberg", "sign_rule": True}),
-    "honeycomb_3x3": ({"kind": "honeycomb", "shape": [3, 3]}, {"kind": "heisenberg", "sign_rule": True}),
+    "honeycomb_3x3": (
+        {"kind": "honeycomb", "shape": [3, 3]},
+        {"kind": "heisenberg", "sign_rule": True},
+    ),
     "ladder_10": (
         {"kind": "ladder", "shape": [10, 2]},
         {"kind": "heisenberg", "sign_rule": True, "J_leg": 1.0, "J_rung": 1.0},
@@ -121,7 +124,8 @@ def test_a_config_of_lattice_hamiltonian_and_budget_runs_the_recipe(tmp_path, ca
     path = write_config(tmp_path / "ring6.yaml", data)
     code, out, err = run_main(capsys, "run", path, "--json", "--quiet")
     assert code == 0, err
-    assert "ring6: spins without a sign rule; as its recipe: model, sampler, optimizer, final" in err
+    said = "ring6: spins without a sign rule; as its recipe: model, sampler, optimizer, final"
+    assert said in err
     summary = last_json(out)
     assert abs(summary["relative_error"]) < 1e-8  # measured: 2e-16
     with h5py.File(tmp_path / "ring6.h5") as f:

@@ -113,4 +113,3 @@ def test_the_unfrustrated_square_past_ed_has_sandviks_qmc_energy(size, per_site)
         reference = reference_energy(hamiltonian)
         assert reference.energy == pytest.approx(per_site * 2.0 * size**2, rel=1e-12)
         assert "QMC" in reference.method and "Sandvik, PRB 56, 11678 (1997)" in reference.method
-

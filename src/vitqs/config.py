@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from vitqs import recipes
-from vitqs.recipes import singlet_spin_flip
 from vitqs.errors import ConfigError, describe, shown
+from vitqs.recipes import singlet_spin_flip
 from vitqs.yamlfile import apply_overrides, read_yaml
 
 # ---- value checkers: each takes (key, value) and returns the value, converted -------------
@@ -706,8 +706,8 @@ class SamplerConfig(Section):
         "training steps' local energies; the samples' log ψ, the sums, gradients, SR and the "
         "final energy keep the model's `dtype` (`models/precision.py`). float32 for a float64 "
         "model makes local energies ~2× cheaper and moves a step's energy by ~1e-6 relative: "
-        "for goals far above 1e-7 (results/history/accuracy_notes.md). null: the model's `dtype`. Metropolis "
-        "only.",
+        "for goals far above 1e-7 (results/history/accuracy_notes.md). null: the model's "
+        "`dtype`. Metropolis only.",
         allowed="`float32` | `float64`, or null",
     )
     machine_pow: float = option(
@@ -716,7 +716,8 @@ class SamplerConfig(Section):
         doc="The chains sample |ψ|^machine_pow and weight each sample by |ψ|^(2 − machine_pow), "
         "so energies, gradients and S remain those of |ψ|². Below 2 a peaked |ψ|² (a Mott "
         "insulator, a frustrated chain) is sampled more evenly, at more distinct samples per "
-        "step (results/history/accuracy_notes.md). The final measurement samples |ψ|². Metropolis only.",
+        "step (results/history/accuracy_notes.md). The final measurement samples |ψ|². "
+        "Metropolis only.",
         allowed="float > 0",
     )
     bare_chains: bool = option(
@@ -824,8 +825,8 @@ class OptimizerConfig(Section):
         optional(real(minimum=0.0, maximum=0.999)),
         doc="SPRING (Goldshlager, Abrahamsen & Lin 2024): the natural gradient is regularised "
         "towards this × the last direction instead of towards zero, so what one step's samples "
-        "barely resolve is averaged over steps (results/history/accuracy_notes.md). Needs `diag_shift` > 0; "
-        "not with `adam`. null: plain SR / minSR.",
+        "barely resolve is averaged over steps (results/history/accuracy_notes.md). Needs "
+        "`diag_shift` > 0; not with `adam`. null: plain SR / minSR.",
         allowed="float in [0, 0.999], or null",
     )
     anneal_from: dict | None = option(
