@@ -28,6 +28,8 @@ import argparse
 import json
 import os
 import sys
+import time
+from pathlib import Path
 
 
 def _parse_args(argv=None):
@@ -42,6 +44,14 @@ def _parse_args(argv=None):
     )
     parser.add_argument("--with-netket", action="store_true", help="also time netket's ViT")
     parser.add_argument("--json", action="store_true", help="end stdout with one JSON line")
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="FILE",
+        help="also write the row as JSON to FILE (scripts/performance_report.py renders the "
+        "rows of results/benchmarks/speed__*.json into results/performance.md)",
+    )
+    parser.add_argument("--label", default=None, help="the row's name in the table")
     return parser.parse_args(argv)
 
 
@@ -175,6 +185,8 @@ def main(argv=None) -> int:
     print(f"{config.name}: {machine()}; pinned to cores {cores}")
     print(phase_table(ours))
     record = {"name": config.name, "machine": machine(), "cores": cores, "ours": ours}
+    record |= {"label": args.label or config.name, "overrides": args.overrides}
+    record["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     if args.with_netket:
         try:
             netket = _run_netket(config, args)
@@ -188,6 +200,8 @@ def main(argv=None) -> int:
             print(_comparison_table(ours, netket))
     if args.json:
         print(json.dumps(record))
+    if args.store:
+        Path(args.store).write_text(json.dumps(record) + "\n")
     return 0
 
 

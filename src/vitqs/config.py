@@ -695,7 +695,7 @@ class SamplerConfig(Section):
         doc="Precision of the network copy the Metropolis chains run on; the samples' log ψ, "
         "local energies, gradients and SR keep the model's `dtype`. float32 chains cost about "
         "half a float64 model's and move |ψ|² by ~1e-6 relative, far below any sampling error "
-        "(results/performance.md). null: the model's `dtype`.",
+        "(results/history/performance_notes.md). null: the model's `dtype`.",
         allowed="`float32` | `float64`, or null",
     )
     local_energy_dtype: str | None = option(
@@ -750,8 +750,8 @@ class SamplerConfig(Section):
         doc="The chains' forward passes go through `torch.compile` (vit models; "
         "`models/compiled.py`): sampling 1.2–1.7× faster on one core, after a first pass that "
         "compiles for 11–22 s (3–5 s from torch's on-disk cache), hence off by default "
-        "(results/performance.md). Without a working C++ compiler the chains run eager, with "
-        "a warning.",
+        "(results/history/performance_notes.md). Without a working C++ compiler the chains run "
+        "eager, with a warning.",
         allowed="bool",
     )
     max_frozen_steps: int | None = option(
@@ -1224,7 +1224,7 @@ def _without_retired(data: dict, prefix: str) -> dict:
         if value != RETIRED_KEYS[full]:
             raise ConfigError(
                 f"{full}={shown(value)}: this lever was measured, not adopted and removed "
-                f"(issue 51; results/performance.md); delete the key"
+                f"(issue 51; results/history/performance_notes.md); delete the key"
             )
         del kept[key]
     return kept

@@ -4,7 +4,7 @@ Eager PyTorch pays per operator and per intermediate tensor. A 64-site chain's f
 of 128 configurations (d_model 16, 2 layers) is ~30 kernels on 4,096 patch vectors of 16
 numbers: LayerNorm over 16 numbers at a time, the factored attention's two layout copies per
 layer, GELU on the widest tensor. Inductor fuses them into a few loops: 1.6x on that pass, and
-the chains' sampling 1.2-1.7x faster from 12 to 64 sites (results/performance.md). The
+the chains' sampling 1.2-1.7x faster from 12 to 64 sites (results/history/performance_notes.md). The
 compiled pass takes the factored attention's unfused form: its cached matrix (`DerivedCache`)
 is Python state that dynamo would guard on, recompiling at every parameter update. A float64
 pass gains nothing (the 64-site one: 7.0 ms eager and compiled), and the first pass compiles

@@ -23,8 +23,8 @@ The sums run over a sample's tokens and, under a symmetry average (`Symmetrized`
 passes a sample's copies to the network as consecutive rows), over its copies. The result is
 exactly the Jacobian of ``vmap(jacrev)`` (equal to rounding, `tests/models/test_row_gradients.py`),
 at the cost of one batched forward and two batched backward passes: 1.04-1.25x faster than
-``vmap(jacrev)`` on one core (results/performance.md), since that arithmetic, not the batching
-layer, is most of the cost.
+``vmap(jacrev)`` on one core (results/history/performance_notes.md), since that arithmetic,
+not the batching layer, is most of the cost.
 
 `row_log_derivatives` returns False for a model it does not cover (full attention with a
 relative bias, the simple ViT, a bare Jastrow, any parameter it does not recognise); the

@@ -25,7 +25,7 @@ HEAD_INIT_STD = ModelConfig.head_init_std
 # whose largest activation is ~2 MiB. Larger ones leave the caches and are allocated fresh
 # (page faults) at every pass: per configuration, a 64-site chain's float64 forward cost
 # 49-61 µs at 64-256 configurations and 101-122 µs at 1,024-4,096, a 6x6's 17-18 µs at
-# 128-512 and 29-31 µs at 2,048-4,096 (one core, results/performance.md).
+# 128-512 and 29-31 µs at 2,048-4,096 (one core, results/history/performance_notes.md).
 ACTIVATION_BYTES = 2 * 2**20
 MIN_ROWS_PER_PASS = 64
 # Std of learned absolute position embeddings (full attention without translation invariance).
