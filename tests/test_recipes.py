@@ -45,6 +45,10 @@ DEFAULTS_TABLE = {
 }
 
 
+def _recipe_model(config) -> dict:
+    return config.to_dict()["model"]
+
+
 def _minimal(lattice, hamiltonian, **more) -> dict:
     return {"lattice": lattice, "hamiltonian": hamiltonian, "budget": 1200, **more}
 
@@ -77,6 +81,13 @@ def test_each_class_takes_its_measured_recipe():
     kagome = from_dict(_minimal(*DEFAULTS_TABLE["kagome_2x3"]))
     assert kagome.model.patch_size == 1 and kagome.final.symmetrize == "space_group"
     assert kagome.model.spin_flip == -1  # a singlet of 18 spins
+    # one-cell patches: not translation invariant, so that the average projects on any k
+    assert not kagome.model.translation_invariant
+    lattice, hamiltonian = DEFAULTS_TABLE["kagome_2x3"]
+    at_k = from_dict(
+        _minimal(lattice, hamiltonian, model={**_recipe_model(kagome), "momentum": [1, 0]})
+    )
+    build_network(at_k, build_hamiltonian(at_k))  # the ground state's k = (π, 0) is carried
 
 
 def test_a_written_section_is_the_users_and_the_others_stay_the_recipes():

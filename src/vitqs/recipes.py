@@ -92,6 +92,10 @@ def recipe(lattice, hamiltonian, model=None) -> dict:
         optimizer |= {"lr": 0.05, "diag_shift": 1.0e-4}
     elif kind == "frustrated":
         model["symmetrize"] = "translations"
+        if model["patch_size"] == 1:
+            # one-cell patches: a translation-invariant network is k = 0 alone; the average
+            # over the translations projects on any k (the kagome 2x3's measured recipe)
+            model["translation_invariant"] = False
         flip = _singlet_flip(hamiltonian, lattice.n_sites)
         if flip:
             model["spin_flip"] = flip
