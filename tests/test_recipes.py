@@ -142,3 +142,6 @@ def test_a_config_of_lattice_hamiltonian_and_budget_runs_the_recipe(tmp_path, ca
     with h5py.File(tmp_path / "ring6.h5") as f:
         kept = json.loads(f.attrs["recipe"])
     assert kept["class"] == "frustrated" and len(kept["sections"]) == 4
+    code, out, err = run_main(capsys, "report", tmp_path / "ring6.h5")
+    assert code == 0, err
+    assert "ring6: recipe of spins without a sign rule: model, sampler, optimizer, final" in out

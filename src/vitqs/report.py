@@ -106,7 +106,21 @@ def _notes(records, unwritten=()) -> str:
             lines.append(f"- {record.name}: {lanczos_text(record.lanczos)}")
         if record.sector_search:
             lines.append(f"- {record.name}: {sector_search_text(record.sector_search)}")
+        if record.recipe and recipe_text(record.recipe):
+            lines.append(f"- {record.name}: {recipe_text(record.recipe)}")
     return "".join(f"{printable(line)}\n" for line in ["", *lines]) if lines else ""
+
+
+def recipe_text(kept: str) -> str:
+    """Returns the sections a run took from its class's recipe (its root attribute
+    ``recipe``) as one line, "" where it took none; said unreadable rather than raised where
+    it is not the JSON a run writes."""
+    try:
+        data = json.loads(kept)
+        sections = ", ".join(str(name) for name in data["sections"])
+        return f"recipe of {data['name']}: {sections}" if sections else ""
+    except (ValueError, KeyError, TypeError):
+        return "recipe: its record does not read"
 
 
 def sector_search_text(kept: str) -> str:
