@@ -36,7 +36,8 @@ def cpu_table(rows: list[dict]) -> str:
     """Returns the CPU table: ours per phase and per step beside netket's step, same cores."""
     header = ["row", "date", "cores", "samples", "params ours / netket"]
     header += [f"{phase} s" for phase in PHASES]
-    header += ["ours s/step", "netket s/step", "**ours / netket**", "machine"]
+    header += ["ours s/step", "netket s/step", "**ours / netket**"]
+    header += ["GFLOP/s: sampling / E_loc / Jacobian+solve (float64 matmul peak)", "machine"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in sorted(rows, key=lambda r: r["label"]):
         ours, netket = row["ours"], row.get("netket")
@@ -51,10 +52,22 @@ def cpu_table(rows: list[dict]) -> str:
             _seconds(ours["seconds_per_iter"]),
             _seconds(netket["seconds_per_iter"]) if netket else "not run",
             f"**{ratio:.2f}**" if ratio is not None else "—",
+            _rates(ours),
             row["machine"].replace("|", "\\|"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _rates(ours: dict) -> str:
+    """Returns our phases' counted GFLOP/s and the float64 matrix-product peak, "—" for
+    rows measured before `vitqs.benchmark` counted them."""
+    gflops, peak = ours.get("gflops"), ours.get("peak_gflops")
+    if not gflops or not peak:
+        return "—"
+    phases = ("sampling", "local_energy", "jacobian+solve")
+    rates = " / ".join("—" if gflops.get(p) is None else f"{gflops[p]:.2g}" for p in phases)
+    return f"{rates} ({peak['float64']:.0f})"
 
 
 def gpu_table(checks: dict[str, dict]) -> str:

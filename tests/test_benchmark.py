@@ -58,11 +58,43 @@ def test_bench_speed_prints_the_phase_table(tmp_path, capsys):
     assert set(result["seconds"]) == set(PHASES)
     # other = step − Σ phases per step, so the phases cannot exceed the step by much
     assert sum(result["seconds"].values()) == pytest.approx(result["seconds_per_iter"], rel=0.5)
+    # each phase's counted operations over its median time, beside the matrix-product peak
+    seconds = result["seconds"]
+    times = {
+        "sampling": seconds["sampling"],
+        "local_energy": seconds["local_energy"],
+        "jacobian+solve": seconds["jacobian"] + seconds["solve"],
+    }
+    for phase, t in times.items():
+        # the 6-site sector's table gives the local energies with no forward pass: 0
+        assert result["flops"][phase] > 0 or phase == "local_energy", phase
+        assert result["gflops"][phase] == pytest.approx(result["flops"][phase] / t / 1e9)
+    assert set(result["peak_gflops"]) == {"float64", "float32"}
+    assert all(value > 0 for value in result["peak_gflops"].values())
+    assert "GFLOP/s" in out and "matmul peak" in out
+
     assert result["n_samples"] == 64 and result["n_iter"] == 2
     # auto picks the kernel solve: X has at most 2 x 64 rows against ~900 parameters
     assert result["n_params"] > 2 * 64 and result["method_used"] == "minsr"
     assert not (tmp_path / "out").exists()  # a benchmark writes no results file
     assert "cpu float64 (chains float32) threads" in out  # the default chains
+
+
+def test_the_counted_operations_follow_the_network():
+    # the local energies' matrix products grow with the network's width, at the same samples
+    from vitqs.benchmark import phase_flops
+    from vitqs.build import build_vmc
+    from vitqs.config import from_dict
+
+    counts = []
+    for d_model in (8, 16):
+        data = tiny_heisenberg("/unused")
+        data["model"]["d_model"] = d_model
+        data["sampler"]["sector_table"] = False  # per-proposal chains: forward passes
+        vmc = build_vmc(from_dict(data))
+        counts.append(phase_flops(vmc))
+    for phase in ("sampling", "local_energy", "jacobian+solve"):
+        assert counts[1][phase] > 1.5 * counts[0][phase], phase
 
 
 def test_bench_speed_names_the_precision_of_chains_and_local_energies(tmp_path, capsys):

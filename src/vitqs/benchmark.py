@@ -40,7 +40,10 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     ``local_energy_dtype`` (the networks the chains and the local energies run on),
     ``threads``, ``n_iter``, ``n_warmup``, ``compile_seconds`` (``sampler.compile``: the
     first compiled pass of the chains' network, tracing and compiling, inside the warm-up;
-    0 without).
+    0 without), ``flops`` (`phase_flops`: counted operations of ``sampling``,
+    ``local_energy`` and ``jacobian+solve``, from one more step's calls), ``gflops`` (those
+    over the phases' median seconds) and ``peak_gflops`` (`matmul_peak`: float64 and float32
+    matrix-product GFLOP/s of this device and these threads).
 
     Args:
         config: a validated config; ``threads`` (if set) is applied with
@@ -66,9 +69,20 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     # an exact sum makes no proposals
     n_proposals = sampler.n_chains * getattr(sampler, "sweep_size", 0)
     n_proposals *= sampler.n_discard + sampler.n_per_chain
+    flops = phase_flops(vmc)
+    fused = {"jacobian+solve": seconds["jacobian"] + seconds["solve"]}
+    times = {"sampling": seconds["sampling"], "local_energy": seconds["local_energy"], **fused}
     return {
         "seconds_per_iter": per_iter,
         "seconds": seconds,
+        # counted matrix-product operations per phase over its median time, beside the
+        # machine's matrix-product peak: how far each phase is from the arithmetic limit
+        "flops": flops,
+        "gflops": {
+            phase: None if flops.get(phase) is None else flops[phase] / t / 1e9
+            for phase, t in times.items()
+        },
+        "peak_gflops": matmul_peak(device),
         "seconds_warmup": sum(total for total, _, _ in warmup) - n_warmup * per_iter,
         "samples_per_second": n_samples / seconds["sampling"],
         "proposals_per_second": n_proposals / seconds["sampling"],
@@ -87,6 +101,52 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         "n_warmup": n_warmup,
         "compile_seconds": sampler.compile_seconds,
     }
+
+
+def phase_flops(vmc: VMC) -> dict[str, int | None]:
+    """Returns the floating-point operations of one more step's phases, as torch's
+    `FlopCounterMode` counts them (matrix products, attention and convolutions: 2 per
+    multiply-add; elementwise work is not counted): ``sampling`` (one `sample` call),
+    ``local_energy`` and ``jacobian+solve`` (the update). None for a phase that cannot be
+    counted (compiled chains: their graph is opaque to the counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def counted(function):
+        with FlopCounterMode(display=False) as counter:
+            out = function()
+        return out, counter.get_total_flops()
+
+    sampler = vmc.sampler
+    if getattr(sampler, "compile_seconds", 0.0):
+        samples, sampling = sampler.sample(vmc.model), None
+    else:
+        samples, sampling = counted(lambda: sampler.sample(vmc.model))
+    network = vmc._local_energy_network(vmc.model)
+    e_loc, local = counted(
+        lambda: sampler.local_energy(vmc.step_hamiltonian, network, samples, vmc.chunk_size)
+    )
+    diag_shift = vmc.diag_shift(vmc.step_count, vmc.budget_progress())
+    _, update = counted(lambda: vmc._update(samples, e_loc, diag_shift, {}))
+    return {"sampling": sampling, "local_energy": local, "jacobian+solve": update}
+
+
+def matmul_peak(device: torch.device, size: int = 1024, repeats: int = 3) -> dict[str, float]:
+    """Returns the GFLOP/s of a ``size``² matrix product in float64 and float32 on ``device``
+    with torch's threads: the best of ``repeats`` after one warm-up."""
+    peaks = {}
+    for dtype in (torch.float64, torch.float32):
+        a = torch.randn(size, size, dtype=dtype, device=device)
+        best = float("inf")
+        for _ in range(repeats + 1):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            a @ a
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+        peaks[str(dtype).removeprefix("torch.")] = 2 * size**3 / best / 1e9
+    return peaks
 
 
 def _timed_step(vmc: VMC) -> tuple[float, dict[str, float], str]:
@@ -136,11 +196,21 @@ def _precision(result: dict) -> str:
 def phase_table(result: dict) -> str:
     """Returns the phase table of a `time_steps` result as aligned text."""
     per_iter = result["seconds_per_iter"]
-    lines = [f"{'phase':<14}{'seconds':>10}{'share':>8}"]
+    lines = [f"{'phase':<16}{'seconds':>10}{'share':>8}{'GFLOP/s':>10}"]
+    gflops = result.get("gflops", {})
     for phase in PHASES:
         value = result["seconds"][phase]
-        lines.append(f"{phase:<14}{value:>10.4f}{value / per_iter:>8.1%}")
-    lines.append(f"{'step':<14}{per_iter:>10.4f}{1:>8.0%}")
+        lines.append(f"{phase:<16}{value:>10.4f}{value / per_iter:>8.1%}{_rate(gflops, phase)}")
+    if "jacobian+solve" in gflops:
+        lines.append(f"{'jacobian+solve':<16}{'':>18}{_rate(gflops, 'jacobian+solve')}")
+    lines.append(f"{'step':<16}{per_iter:>10.4f}{1:>8.0%}")
+    peak = result.get("peak_gflops")
+    if peak:
+        lines.append(
+            "matmul peak    "
+            + ", ".join(f"{dtype} {value:.1f} GFLOP/s" for dtype, value in peak.items())
+            + " (a 1024² product, these threads; counted operations: matrix products only)"
+        )
     lines += [
         f"warm-up extra  {result['seconds_warmup']:.3f} s over {result['n_warmup']} steps",
         *_compile_line(result),
@@ -153,6 +223,11 @@ def phase_table(result: dict) -> str:
         f"threads {result['threads']}  median of {result['n_iter']} steps",
     ]
     return "\n".join(lines)
+
+
+def _rate(gflops: dict, phase: str) -> str:
+    value = gflops.get(phase)
+    return f"{value:>10.2f}" if value is not None else f"{'—':>10}" if phase in gflops else ""
 
 
 def _compile_line(result: dict) -> list[str]:
