@@ -37,7 +37,8 @@ def cpu_table(rows: list[dict]) -> str:
     header = ["row", "date", "cores", "samples", "params ours / netket"]
     header += [f"{phase} s" for phase in PHASES]
     header += ["ours s/step", "netket s/step", "**ours / netket**"]
-    header += ["GFLOP/s: sampling / E_loc / Jacobian+solve (float64 matmul peak)", "machine"]
+    header += ["GFLOP/s: sampling / E_loc / Jacobian+solve (float64 matmul peak)"]
+    header += ["torch ops a step", "machine"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in sorted(rows, key=lambda r: r["label"]):
         ours, netket = row["ours"], row.get("netket")
@@ -53,6 +54,7 @@ def cpu_table(rows: list[dict]) -> str:
             _seconds(netket["seconds_per_iter"]) if netket else "not run",
             f"**{ratio:.2f}**" if ratio is not None else "—",
             _rates(ours),
+            f"{ours['ops_per_step']:,}" if "ops_per_step" in ours else "—",
             row["machine"].replace("|", "\\|"),
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -72,6 +72,10 @@ def test_bench_speed_prints_the_phase_table(tmp_path, capsys):
     assert set(result["peak_gflops"]) == {"float64", "float32"}
     assert all(value > 0 for value in result["peak_gflops"].values())
     assert "GFLOP/s" in out and "matmul peak" in out
+    # a profiled step: its operators' own time within its wall time
+    assert result["ops_per_step"] > 100
+    assert 0 < result["op_seconds"] <= result["profiled_step_seconds"]
+    assert "torch ops" in out
 
     assert result["n_samples"] == 64 and result["n_iter"] == 2
     # auto picks the kernel solve: X has at most 2 x 64 rows against ~900 parameters

@@ -43,7 +43,8 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     0 without), ``flops`` (`phase_flops`: counted operations of ``sampling``,
     ``local_energy`` and ``jacobian+solve``, from one more step's calls), ``gflops`` (those
     over the phases' median seconds) and ``peak_gflops`` (`matmul_peak`: float64 and float32
-    matrix-product GFLOP/s of this device and these threads).
+    matrix-product GFLOP/s of this device and these threads), ``ops_per_step``,
+    ``op_seconds`` and ``profiled_step_seconds`` (`op_count`).
 
     Args:
         config: a validated config; ``threads`` (if set) is applied with
@@ -69,6 +70,7 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     # an exact sum makes no proposals
     n_proposals = sampler.n_chains * getattr(sampler, "sweep_size", 0)
     n_proposals *= sampler.n_discard + sampler.n_per_chain
+    ops = op_count(vmc)
     flops = phase_flops(vmc)
     fused = {"jacobian+solve": seconds["jacobian"] + seconds["solve"]}
     times = {"sampling": seconds["sampling"], "local_energy": seconds["local_energy"], **fused}
@@ -83,6 +85,7 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
             for phase, t in times.items()
         },
         "peak_gflops": matmul_peak(device),
+        **ops,
         "seconds_warmup": sum(total for total, _, _ in warmup) - n_warmup * per_iter,
         "samples_per_second": n_samples / seconds["sampling"],
         "proposals_per_second": n_proposals / seconds["sampling"],
@@ -100,6 +103,26 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         "n_iter": n_iter,
         "n_warmup": n_warmup,
         "compile_seconds": sampler.compile_seconds,
+    }
+
+
+def op_count(vmc: VMC) -> dict[str, float | int]:
+    """Returns one more step under torch's profiler (CPU activity): ``ops_per_step`` (calls
+    of torch operators, nested ones included), ``op_seconds`` (the sum of their own times:
+    the operators' work and their dispatch) and ``profiled_step_seconds`` (that step's wall
+    time, the profiler's cost included). The wall time the operators do not account for is
+    Python and the profiler: what a small step's fixed cost is made of."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        start = time.perf_counter()
+        vmc.step()
+        wall = time.perf_counter() - start
+    averages = profiler.key_averages()
+    return {
+        "ops_per_step": int(sum(event.count for event in averages)),
+        "op_seconds": sum(event.self_cpu_time_total for event in averages) / 1e6,
+        "profiled_step_seconds": wall,
     }
 
 
@@ -210,6 +233,12 @@ def phase_table(result: dict) -> str:
             "matmul peak    "
             + ", ".join(f"{dtype} {value:.1f} GFLOP/s" for dtype, value in peak.items())
             + " (a 1024² product, these threads; counted operations: matrix products only)"
+        )
+    if "ops_per_step" in result:
+        lines.append(
+            f"torch ops      {result['ops_per_step']:,} a step, their own time "
+            f"{result['op_seconds']:.4f} s of a profiled {result['profiled_step_seconds']:.4f}-s "
+            "step (the rest: Python and the profiler)"
         )
     lines += [
         f"warm-up extra  {result['seconds_warmup']:.3f} s over {result['n_warmup']} steps",
