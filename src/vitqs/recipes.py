@@ -7,7 +7,8 @@ chosen from the Hamiltonian:
 - ``sign_rule``: spins whose Hamiltonian carries the Marshall sign rule (an unfrustrated
   bipartite antiferromagnet): ψ positive in the rotated basis. Measured on the chain of 16,
   the square 4×4 and 6×6, the 2-leg ladder and the honeycomb (results/history/accuracy_notes.md).
-- ``frustrated``: spins without a sign rule (J2 > 0, triangular, kagome): ψ averaged over the
+- ``frustrated``: spins without a sign rule (frustrated ones, J2 > 0, triangular, kagome, and
+  any Heisenberg model whose config leaves ``sign_rule`` off): ψ averaged over the
   translations and projected on the singlet's spin inversion, the chains on the bare network
   at |φ|^1.25, SPRING momentum, cosine learning rate. Measured on the J1-J2 4×4 (2.3e-6) and
   the J1-J2 chain of 20; the triangular and kagome runs added the sign prior and the sector
