@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
+
+from benchmark_accuracy import replace_block  # a sibling: the same markers, one rule
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "results" / "benchmarks"
@@ -99,16 +100,6 @@ def gpu_table(checks: dict[str, dict]) -> str:
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def replace_block(text: str, name: str, block: str) -> str:
-    """Returns ``text`` with the marked block ``name`` replaced (appended if missing)."""
-    begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
-    new = f"{begin}\n{block}\n{end}"
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-    if pattern.search(text):
-        return pattern.sub(lambda _: new, text)
-    return text.rstrip() + "\n\n" + new + "\n"
 
 
 def render(text: str, rows_dir: Path = ROWS) -> str:

@@ -300,6 +300,10 @@ def test_the_defaults_verdict_follows_from_every_seeds_numbers():
     assert "1260 (over)" in table  # a run past its budget says so
     assert len([line for line in table.splitlines() if line.startswith("| j1j2_4x4 | 1e-04")]) == 3
     assert "not yet: 2 of 3 seeds run" in bench.render_defaults(rows[:2])
+    # close enough, but the whole run took longer than its budget: not met
+    late = [*rows[:2], _defaults_row(2, close, sigma, seconds=1201.0)]
+    table = bench.render_defaults(late)
+    assert "no: over its budget" in table and "| j1j2_4x4 | 3 | 2 | no |" in table
 
 
 @pytest.mark.slow
