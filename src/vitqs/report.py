@@ -106,8 +106,9 @@ def _notes(records, unwritten=()) -> str:
             lines.append(f"- {record.name}: {lanczos_text(record.lanczos)}")
         if record.sector_search:
             lines.append(f"- {record.name}: {sector_search_text(record.sector_search)}")
-        if record.recipe and recipe_text(record.recipe):
-            lines.append(f"- {record.name}: {recipe_text(record.recipe)}")
+        recipe = recipe_text(record.recipe) if record.recipe else ""
+        if recipe:
+            lines.append(f"- {record.name}: {recipe}")
     return "".join(f"{printable(line)}\n" for line in ["", *lines]) if lines else ""
 
 

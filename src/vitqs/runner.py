@@ -127,7 +127,7 @@ def run_config(
         torch.set_num_threads(config.threads)
     start = time.perf_counter()
     distributed.on_root(lambda: workfile.check_output_dir(config.output.dir))
-    recipe = "" if resume else json.dumps(recipe_followed(config))
+    followed = None if resume else recipe_followed(config)  # a resumed file keeps its own
     searched = ""
     if config.model.sector == "search":
         if resume:  # the sector its steps were made in
@@ -147,9 +147,9 @@ def run_config(
         )
         if searched:
             run.record.sector_search = searched
-        if recipe:
-            run.record.recipe = recipe
-            _say_recipe(config.name, json.loads(recipe))
+        if followed is not None:
+            run.record.recipe = json.dumps(followed)
+            _say_recipe(config.name, followed)
         distributed.share_parameters(run.vmc.model)  # every rank starts from rank 0's parameters
         with _Signals() as signals:
             _optimize(run, signals, progress and distributed.is_root(), start)
