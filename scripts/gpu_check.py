@@ -32,7 +32,8 @@ memory is the row's own):
    256 random configurations, the compiled single pass against the eager one (limit 1e-12),
    again after an in-place update; at the same time ``tests.compiled_vs_eager``, the suite's
    compiled-vs-eager tests (tests/models/test_compiled.py, which run on the CPU);
-5. ``j1j2_6x6/compiled``, ``tutorial_10x10/compiled``: the rows with ``sampler.compile=true``;
+5. ``j1j2_6x6/compiled``, ``tutorial_10x10/compiled``: the rows with compiled chains (what a
+   run of 600 s or more chooses on CUDA, `build.compiled_chains`);
 6. ``j1j2_6x6/float32``, ``tutorial_10x10/float32``: compiled chains and float32 local
    energies (``sampler.local_energy_dtype``);
 7. ``j1j2_6x6/netket``, and ``j1j2_6x6/bare``: our ViT as netket's peer runs its own, one
@@ -123,13 +124,15 @@ def _parse_args(argv=None):
 
 # a row's mode: the overrides it adds to its problem's config
 MODES = {
-    "eager": ["sampler.compile=false"],
-    "compiled": ["sampler.compile=true"],
+    "eager": [],
+    "compiled": [],
     # netket's ViT as its peer runs it: one network, no average over translations or spin flip
-    "bare": ["sampler.compile=false", "model.symmetrize=none", "model.spin_flip=0"],
+    "bare": ["model.symmetrize=none", "model.spin_flip=0"],
     # compiled chains and the local energies' amplitude ratios from a float32 copy
-    "float32": ["sampler.compile=true", "sampler.local_energy_dtype=float32"],
+    "float32": ["sampler.local_energy_dtype=float32"],
 }
+# whether a mode's chains run on the compiled network (`time_steps`' compile_chains)
+COMPILED = {"eager": False, "compiled": True, "bare": False, "float32": True}
 # samples per chunk of netket's local energies: the 10x10 unchunked asked jax for 73 GiB at
 # once and stopped on an H200 (139 GiB)
 NETKET_CHUNK = {"tutorial_10x10": 512}
@@ -180,7 +183,12 @@ def _child_ours(spec: dict) -> dict:
     config = problem_config(spec["problem"], smoke=spec["smoke"], mode=spec["mode"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)  # the compiler's failure is one
-        timing = time_steps(config, n_warmup=spec["n_warmup"], n_iter=spec["n_iter"])
+        timing = time_steps(
+            config,
+            n_warmup=spec["n_warmup"],
+            n_iter=spec["n_iter"],
+            compile_chains=COMPILED[spec["mode"]],
+        )
     messages = list(dict.fromkeys(str(w.message) for w in caught))
     for message in messages:
         print(f"warning: {message}", file=sys.stderr)

@@ -229,6 +229,20 @@ def model_config(**overrides) -> ModelConfig:
     return ModelConfig(**cfg)
 
 
+def widen_head(model: torch.nn.Module, factor: float) -> torch.nn.Module:
+    """Returns ``model`` with its ViT heads' output weights scaled by ``factor`` in place (a
+    head started at std ``0.1 · factor``): ψ far from uniform, ratios far from 1."""
+    from vitqs.models.vit import LogCoshHead
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LogCoshHead):
+                for name, parameter in module.named_parameters():
+                    if name.startswith("weight"):
+                        parameter.mul_(factor)
+    return model
+
+
 CHAIN = Lattice((8,))
 SQUARE = Lattice((4, 4))
 

@@ -36,11 +36,8 @@ NEITHER_SET_NOR_ESCAPE_HATCH = {
     "hamiltonian.n_max",
     "model.kind",
     "model.attention",
-    "model.head_init_std",
     "sampler.sweep_size",
     "sampler.rule",
-    "sampler.compile",
-    "sampler.sum_over_orbits",
     "optimizer.method",
 }
 

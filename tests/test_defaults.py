@@ -90,7 +90,6 @@ CONSTRUCTORS = [
                 "translation_invariant",
                 "embedding",
                 "jastrow",
-                "head_init_std",
                 "positive",
             )
         },

@@ -5,7 +5,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import ComplexRBM, exact_ground_state, tiny_bose_hubbard, tiny_heisenberg
+from helpers import (
+    ComplexRBM,
+    exact_ground_state,
+    tiny_bose_hubbard,
+    tiny_heisenberg,
+    widen_head,
+)
 
 from vitqs.build import build_vmc
 from vitqs.config import OptimizerConfig, from_dict
@@ -395,8 +401,9 @@ def _one_step_in_each_dtype(tiny, tmp_path, section: str, key: str, **also) -> d
     the same section; the model's parameters stay float64 either way."""
     steps = {}
     for dtype in (None, "float32"):
-        data = tiny(tmp_path, model={"head_init_std": 1.0}, **{section: {key: dtype, **also}})
+        data = tiny(tmp_path, **{section: {key: dtype, **also}})
         vmc = build_vmc(from_dict(data))
+        widen_head(vmc.model, 10.0)  # a head started at std 1
         theta = parameter_vector(vmc.model)
         result = vmc.step()
         steps[dtype] = (result.energy.mean, theta - parameter_vector(vmc.model))

@@ -26,7 +26,9 @@ from vitqs.vmc.driver import VMC
 PHASES = ("sampling", "local_energy", "jacobian", "solve", "other")
 
 
-def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
+def time_steps(
+    config: Config, n_warmup: int = 2, n_iter: int = 10, *, compile_chains: bool | None = None
+) -> dict:
     """Returns median seconds per VMC step and per phase, throughputs and peak memory.
 
     Keys: ``seconds_per_iter`` (median wall time of a step after ``n_warmup`` warm-up steps),
@@ -38,8 +40,9 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
     ``ru_maxrss`` of the process; CUDA: ``torch.cuda.max_memory_allocated``), ``n_params``,
     ``n_samples``, ``method_used``, ``device``, ``dtype``, ``chain_dtype`` and
     ``local_energy_dtype`` (the networks the chains and the local energies run on),
-    ``threads``, ``n_iter``, ``n_warmup``, ``compile_seconds`` (``sampler.compile``: the
-    first compiled pass of the chains' network, tracing and compiling, inside the warm-up;
+    ``threads``, ``n_iter``, ``n_warmup``, ``compiled_chains`` (whether the chains' network
+    went through ``torch.compile``), ``compile_seconds`` (its first compiled pass, tracing
+    and compiling, inside the warm-up;
     0 without), ``flops`` (`phase_flops`: counted operations of ``sampling``,
     ``local_energy`` and ``jacobian+solve``, from one more step's calls), ``gflops`` (those
     over the phases' median seconds) and ``peak_gflops`` (`matmul_peak`: float64 and float32
@@ -51,12 +54,14 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
             ``torch.set_num_threads``.
         n_warmup: steps run before timing starts (>= 0).
         n_iter: timed steps (>= 1).
+        compile_chains: compile the chains' network (None: as a run of ``config`` would,
+            `build.compiled_chains`).
     """
     if n_iter < 1 or n_warmup < 0:
         raise ValueError(f"n_iter={n_iter} must be >= 1 and n_warmup={n_warmup} >= 0")
     if config.threads:
         torch.set_num_threads(config.threads)
-    vmc = build_vmc(config)
+    vmc = build_vmc(config, compile_chains=compile_chains)
     model, sampler = vmc.model, vmc.sampler
     device = next(model.parameters()).device
     if device.type == "cuda":
@@ -102,6 +107,7 @@ def time_steps(config: Config, n_warmup: int = 2, n_iter: int = 10) -> dict:
         "threads": torch.get_num_threads(),
         "n_iter": n_iter,
         "n_warmup": n_warmup,
+        "compiled_chains": sampler.compiled,
         "compile_seconds": sampler.compile_seconds,
     }
 
@@ -260,8 +266,9 @@ def _rate(gflops: dict, phase: str) -> str:
 
 
 def _compile_line(result: dict) -> list[str]:
-    """Returns the line on the compiled chains' first pass, none without ``sampler.compile``."""
-    seconds = result.get("compile_seconds", 0.0)
-    if not seconds:
+    """Returns the line on the chains' compiled network (`build.compiled_chains`, or
+    ``--compile``): its first pass's seconds; none for chains run eager."""
+    if not result.get("compiled_chains"):
         return []
+    seconds = result.get("compile_seconds", 0.0)
     return [f"compile        {seconds:.3f} s (the chains' first compiled pass, tracing included)"]

@@ -21,6 +21,7 @@ from vitqs.config import (
     Config,
     ConfigError,
     HeisenbergConfig,
+    n_steps,
     optimisation_seconds,
 )
 from vitqs.models import build_model, final_symmetrized, invariances, sector_characters
@@ -123,9 +124,30 @@ def _device_memory(device: torch.device) -> int | None:
         return None
 
 
-def build_sampler(config: Config, hamiltonian, model=None):
+# Compiled chains pay back their compile (15-26 s on an H200) after 60-160 steps: sampling
+# 0.74 -> 0.30 s (J1-J2 6x6, 8 copies) and 0.38 -> 0.22 s (10x10) a step there. On the CPU
+# they gained 1.2-1.7x in sampling on spins and nothing on bosons, for 11-22 s of compile
+# (results/history/performance_notes.md): not enough to choose them without measuring each.
+COMPILE_FROM_SECONDS = 600
+COMPILE_FROM_STEPS = 200
+
+
+def compiled_chains(config: Config, device: torch.device) -> bool:
+    """Returns whether the chains' network goes through ``torch.compile``: a ViT's, on CUDA,
+    in a run long enough to pay the compile back (a budget of `COMPILE_FROM_SECONDS` or
+    more, or `COMPILE_FROM_STEPS` steps or more without one)."""
+    if device.type != "cuda" or config.model.kind != "vit" or config.sampler.kind != "metropolis":
+        return False
+    if config.budget is not None:
+        return config.budget >= COMPILE_FROM_SECONDS
+    steps = n_steps(config)
+    return steps is not None and steps >= COMPILE_FROM_STEPS
+
+
+def build_sampler(config: Config, hamiltonian, model=None, *, compile_chains: bool | None = None):
     """Returns a Metropolis sampler, or the exact (full-sum) sampler when asked for; the
-    latter sums over the orbits of ``model``'s symmetries with ``sampler.sum_over_orbits``."""
+    latter sums over the orbits of ``model``'s symmetries. ``compile_chains``: whether the
+    chains' network is compiled (None: `compiled_chains` decides)."""
     cfg = config.sampler
     if cfg.kind == "full_sum":
         if not exact.sector_fits(hamiltonian.hilbert, _FULL_SUM_MAX_DIM):
@@ -133,14 +155,15 @@ def build_sampler(config: Config, hamiltonian, model=None):
                 f"sampler.kind=full_sum needs a sector of at most {_FULL_SUM_MAX_DIM:,} states; "
                 f"this one has about 10^{hamiltonian.hilbert.log_dimension() / 2.302585:.1f}"
             )
-        reduce = cfg.sum_over_orbits and model is not None
-        symmetry = invariances(model, hamiltonian.lattice) if reduce else None
+        symmetry = None if model is None else invariances(model, hamiltonian.lattice)
         try:
             sampler = ExactSampler(hamiltonian.hilbert, cfg.chunk_size, symmetry=symmetry)
             sampler.check_symmetry(model)
         except ValueError as err:
             raise ConfigError(str(err)) from None
         return sampler
+    if compile_chains is None:
+        compile_chains = compiled_chains(config, resolve_device(config.device))
     try:
         return MetropolisSampler(
             hamiltonian,
@@ -150,7 +173,9 @@ def build_sampler(config: Config, hamiltonian, model=None):
             n_discard=cfg.n_discard,
             rule=cfg.rule,
             seed=config.seed + 1,
-            chains=ChainNetwork(torch_dtype(cfg.dtype), compile=cfg.compile, bare=cfg.bare_chains),
+            chains=ChainNetwork(
+                torch_dtype(cfg.dtype), compile=compile_chains, bare=cfg.bare_chains
+            ),
             machine_pow=cfg.machine_pow,
             sector_table=cfg.sector_table,
         )
@@ -175,8 +200,9 @@ def final_network(config: Config, model, lattice):
         raise ConfigError(str(err)) from None
 
 
-def build_vmc(config: Config) -> VMC:
-    """Returns the VMC driver of a config: Hamiltonian, model (seeded), sampler, optimizer."""
+def build_vmc(config: Config, *, compile_chains: bool | None = None) -> VMC:
+    """Returns the VMC driver of a config: Hamiltonian, model (seeded), sampler, optimizer;
+    ``compile_chains`` as `build_sampler`'s."""
     torch.manual_seed(config.seed)
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
@@ -185,7 +211,7 @@ def build_vmc(config: Config) -> VMC:
     if final.symmetrize != "none" or final.spin_flip:  # refused now, not after the steps
         measured = final_network(config, model, hamiltonian.lattice)
         check_sector_not_empty(hamiltonian, measured, "final.symmetrize / final.spin_flip")
-    sampler = build_sampler(config, hamiltonian, model)
+    sampler = build_sampler(config, hamiltonian, model, compile_chains=compile_chains)
     annealed = config.optimizer.anneal_from is not None
     return VMC(
         hamiltonian,

@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     speed = benches.add_parser("speed", help="seconds per VMC step, split by phase")
     _add_config_arguments(speed)
     speed.add_argument("--n-iter", type=int, default=10, help="timed steps after 2 warm-up steps")
+    speed.add_argument(
+        "--compile",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="compile the chains' network: as a run of the config would (auto), or not",
+    )
     return parser
 
 
@@ -362,7 +368,8 @@ def _bench_speed(args) -> int:
     if args.n_iter < 1:
         raise ConfigError(f"bench speed: --n-iter={args.n_iter} must be >= 1")
     config = load(args.config, args.overrides)
-    result = time_steps(config, n_iter=args.n_iter)
+    compile_chains = {"auto": None, "yes": True, "no": False}[args.compile]
+    result = time_steps(config, n_iter=args.n_iter, compile_chains=compile_chains)
     print(f"{config.name}: {machine()}")
     print(phase_table(result))
     if args.json:

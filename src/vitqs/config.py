@@ -584,20 +584,6 @@ class ModelConfig(Section):
         "`momentum`, `point_characters` and `spin_flip` (k = 0, all +1, none by default).",
         allowed="`given` | `search`",
     )
-    # why 0.1: at S^z = 0 the uniform state is the fully polarised multiplet's member, an
-    # exact eigenstate of any SU(2)-symmetric H, where the energy gradient vanishes. At 1e-2
-    # the log-derivatives (~std², ~1e-4) sink below SR's diagonal shift and a J1-J2 run
-    # without sign rule sat at E/N = +0.75 for ~16 steps; 1e-1 leaves at once (0.3 and 1.0
-    # start too rough)
-    head_init_std: float = option(
-        0.1,
-        real(positive=True),
-        free_across_init=True,
-        doc="Standard deviation of the head's complex output weights at the start: small, so "
-        "that ψ starts near uniform, but not so small that SR stalls on the uniform state (an "
-        "exact eigenstate at S^z = 0 without a sign rule).",
-        allowed="float > 0",
-    )
     positive: bool = option(
         False,
         boolean(),
@@ -743,17 +729,6 @@ class SamplerConfig(Section):
         "proposal step always. Not for `rule: exchange_global`.",
         allowed="bool",
     )
-    compile: bool = option(
-        False,
-        boolean(),
-        resumable=True,
-        doc="The chains' forward passes go through `torch.compile` (vit models; "
-        "`models/compiled.py`): sampling 1.2–1.7× faster on one core, after a first pass that "
-        "compiles for 11–22 s (3–5 s from torch's on-disk cache), hence off by default "
-        "(results/history/performance_notes.md). Without a working C++ compiler the chains run "
-        "eager, with a warning.",
-        allowed="bool",
-    )
     max_frozen_steps: int | None = option(
         50,
         optional(integer(1)),
@@ -765,15 +740,6 @@ class SamplerConfig(Section):
         "has collapsed (a sector of one state is exempt). null: never stop for it (the final "
         "measurement still fails a collapsed state).",
         allowed="int ≥ 1, or null",
-    )
-    sum_over_orbits: bool = option(
-        True,
-        boolean(),
-        doc="`full_sum` only: sum over one state per orbit of the model's symmetries "
-        "(translations, rotations and reflections, spin inversion), weighted by the orbit's "
-        "size: the same sums at a fraction of the cost. The final measurement sums over every "
-        "state.",
-        allowed="bool",
     )
 
 
@@ -1184,6 +1150,16 @@ RETIRED_KEYS = {
     "optimizer.clip_local_energy": None,
     "optimizer.max_update_ratio": None,
     "optimizer.jacobian_dtype": None,
+    "sampler.compile": False,
+    "sampler.sum_over_orbits": True,
+    "model.head_init_std": 0.1,
+}
+# Retired keys whose lever was adopted, or is chosen for the run: what vitqs does instead
+RETIRED_BECAUSE = {
+    "sampler.compile": "the chains' network is compiled where it pays, without a key: on CUDA, "
+    "for a run of at least 600 s or 200 steps (build.compiled_chains)",
+    "sampler.sum_over_orbits": "a full sum always sums over the orbits of the model's symmetries",
+    "model.head_init_std": "the head's output weights always start at std 0.1 (models/vit.py)",
 }
 
 
@@ -1222,9 +1198,10 @@ def _without_retired(data: dict, prefix: str) -> dict:
         if full not in RETIRED_KEYS:
             continue
         if value != RETIRED_KEYS[full]:
+            why = RETIRED_BECAUSE.get(full, "this lever was measured, not adopted and removed")
             raise ConfigError(
-                f"{full}={shown(value)}: this lever was measured, not adopted and removed "
-                f"(issue 51; results/history/performance_notes.md); delete the key"
+                f"{full}={shown(value)}: {why} (issue 51; results/history/"
+                f"performance_notes.md); delete the key"
             )
         del kept[key]
     return kept
@@ -1512,17 +1489,11 @@ def _check_metropolis_only(config: Config) -> None:
             "model.spin_flip; with neither there is no other network (set sampler.bare_chains: "
             "false)"
         )
-    if sampler.compile and config.model.kind != "vit":
-        raise ConfigError(
-            f"sampler.compile=true compiles the vit model's forward pass; model.kind="
-            f"{config.model.kind} has none (set sampler.compile: false)"
-        )
     if sampler.kind == "metropolis":
         return
     keys = [  # (key, value, default, why a full sum has no use for it)
         ("sampler.dtype", sampler.dtype, SamplerConfig.dtype, "a full sum runs no chains"),
         ("sampler.bare_chains", sampler.bare_chains, False, "a full sum runs no chains"),
-        ("sampler.compile", sampler.compile, False, "a full sum runs no chains"),
         (
             "sampler.machine_pow",
             sampler.machine_pow,

@@ -19,7 +19,8 @@ Layout (format_version 2)::
                                  run's reason), initial_state (seed | previous point |
                                  init_from; both absent in older files), sector_search
                                  (JSON: the choice and table of model.sector: search),
-                                 recipe (JSON: the class and the sections from its recipe)
+                                 recipe (JSON: the class and the sections from its recipe),
+                                 compiled_chains (1 when the chains' network was compiled)
     /history/<field>      1-D, one entry per iteration, resizable; fields = HISTORY_FIELDS
     /exact                attrs EXACT_FIELDS                       (only with an exact reference)
     /final                attrs FINAL_FIELDS                       (only once the run finished;
@@ -260,6 +261,8 @@ class RunRecord:
     sector_search: str = ""
     # the recipe the config followed (`config.recipe_followed`: class, name, sections), JSON text
     recipe: str = ""
+    # whether the chains' network went through torch.compile (`build.compiled_chains`)
+    compiled_chains: bool = False
 
     def __setattr__(self, name, value):
         if name == "history" and not isinstance(value, History):
@@ -533,6 +536,8 @@ def _write_root_attrs(f: h5py.File, record: RunRecord) -> None:
         f.attrs["sector_search"] = record.sector_search
     if record.recipe:
         f.attrs["recipe"] = record.recipe
+    if record.compiled_chains:
+        f.attrs["compiled_chains"] = 1
 
 
 def _write_history(group: h5py.Group, record: RunRecord) -> None:
@@ -616,6 +621,9 @@ def _read_file(f: h5py.File, path: Path) -> RunRecord:
         initial_state=attrs.text("initial_state") if "initial_state" in f.attrs else "",
         sector_search=attrs.text("sector_search") if "sector_search" in f.attrs else "",
         recipe=attrs.text("recipe") if "recipe" in f.attrs else "",
+        compiled_chains=bool(attrs.integer("compiled_chains"))
+        if "compiled_chains" in f.attrs
+        else False,
     )
     if record.status not in STATUSES:
         raise ResultsError(f"{path}: status {record.status!r} is not one of {list(STATUSES)}")

@@ -268,6 +268,7 @@ def _prepare(config, *, resume, overwrite, initial_parameters, claim, use_cache)
         run = Run(config, vmc, record, path)
         _write(run, first=True)  # claims the name; replaced atomically from now on
     run.target, run.use_cache = target, use_cache
+    run.record.compiled_chains = sampler.compiled
     return run
 
 
@@ -504,7 +505,7 @@ class _Checkpoints:
 class _ProgressBar:
     """A tqdm bar on stderr (rank 0) named with the run and the threads it computes on, with
     the last energy, its relative error and the acceptance; above it, once, a machine already
-    busy (at a terminal), and what compiling the chains' network cost (sampler.compile)."""
+    busy (at a terminal), and what compiling the chains' network cost (`build.compiled_chains`)."""
 
     def __init__(self, run: Run, show: bool):
         from tqdm import tqdm  # the bar is the shell's business; imported where it is used
@@ -537,7 +538,7 @@ class _ProgressBar:
         if seconds:
             self.compile_told = True
             self.bar.write(
-                f"sampler.compile: the chains' first compiled pass took {seconds:.1f} s "
+                f"compiled chains: their network's first compiled pass took {seconds:.1f} s "
                 f"(tracing and compiling; step {step}'s sampling includes it)",
                 file=sys.stderr,
             )

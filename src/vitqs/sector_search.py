@@ -118,7 +118,8 @@ def search(
     trials = [Trial(sector) for sector in candidates_of(config)]
     for trial in trials:
         try:
-            trial.vmc = build_vmc(trial_config(config, trial.sector))
+            # short trials: a compile of the chains would not pay back
+            trial.vmc = build_vmc(trial_config(config, trial.sector), compile_chains=False)
         except ConfigError as err:  # the network cannot carry it, or the sector is empty
             trial.refused = str(err)
     alive = [t for t in trials if not t.refused]

@@ -82,7 +82,7 @@ def test_a_copy_of_a_compiled_network_runs_eager_until_compiled():
 
 
 def test_compile_needs_a_vit():
-    with pytest.raises(ValueError, match="sampler.compile=true compiles the vit model"):
+    with pytest.raises(ValueError, match="compiled chains compile the vit model"):
         compile_passes(torch.nn.Linear(3, 1))
 
 

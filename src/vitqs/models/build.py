@@ -86,7 +86,6 @@ def _build_bare(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
         jastrow=cfg.jastrow,
         pbc=lattice.pbc,
         n_basis=lattice.n_basis,
-        head_init_std=cfg.head_init_std,
         positive=cfg.positive,
         sign_sites=sign_prior_sites(cfg, lattice, hilbert),
     )

@@ -1,15 +1,15 @@
 """The network Metropolis chains run on, for a model: built once from the config
 (`build.build_sampler`) and handed to the sampler, which then needs nothing of models.
 
-Two choices make it, each a config key:
+Two choices make it:
 
 - *bare* (``sampler.bare_chains``): under a symmetry average (`Symmetrized`) the chains may
   sample ``|φ|^p`` of the network inside it, one forward pass per proposal instead of one per
   symmetry copy; every kept sample is then weighted by ``|ψ|²/|φ|^p`` (the sampler's
   importance weights), so the estimates stay those of ``|ψ|²``;
-- *the copy the chains evaluate* (``sampler.dtype``, ``sampler.compile``): a float32 copy of a
-  float64 network (forward passes 1.5-3x cheaper on CPU), its passes through
-  ``torch.compile`` where asked (`compiled.compile_passes`). The kept samples' log ψ always
+- *the copy the chains evaluate* (``sampler.dtype``; compiled where `build.compiled_chains`
+  says it pays): a float32 copy of a float64 network (forward passes 1.5-3x cheaper on CPU),
+  its passes through ``torch.compile`` (`compiled.compile_passes`). The kept samples' log ψ always
   come from the model itself.
 """
 

@@ -103,7 +103,7 @@ def compile_passes(network: torch.nn.Module) -> list[CompiledPass]:
             passes.append(module.compiled)
     if not passes:
         raise ValueError(
-            f"sampler.compile=true compiles the vit model's forward pass; "
+            f"compiled chains compile the vit model's forward pass; "
             f"{type(network).__name__} holds none (model.kind vit)"
         )
     return passes

@@ -117,9 +117,8 @@ class ExactSampler(Sampler):
                 psi_g = torch.exp(evaluate_log_psi(model, x_g, self.chunk_size) - shift)
                 if float((psi_g - character * psi).abs().max()) > tolerance:
                     raise ValueError(
-                        "sampler.sum_over_orbits: the model is not invariant under its "
-                        "symmetry group (lattice symmetries, spin inversion); set "
-                        "sampler.sum_over_orbits: false"
+                        "a full sum over orbits: the model is not invariant under the "
+                        "symmetry group it claims (lattice symmetries, spin inversion)"
                     )
 
     @torch.no_grad()

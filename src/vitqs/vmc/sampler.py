@@ -126,9 +126,13 @@ class MetropolisSampler(Sampler):
         self.n_per_chain = self.n_samples // self.n_chains_total
 
     @property
+    def compiled(self) -> bool:
+        return self.chains.compile
+
+    @property
     def compile_seconds(self) -> float:
         """Seconds the first compiled pass of the chains' network took (tracing and
-        compiling included); 0 without ``sampler.compile`` or before the first call."""
+        compiling included); 0 without compiled chains or before the first call."""
         return self.chains.compile_seconds
 
     def local_energy(self, hamiltonian, network, samples: Samples, chunk_size=None):

@@ -94,10 +94,13 @@ class Sampler(ABC):
         whose every call covers the same states keeps them."""
         return None
 
+    # whether the chains' network goes through torch.compile (`build.compiled_chains`)
+    compiled = False
+
     @property
     def compile_seconds(self) -> float:
-        """Seconds the first compiled forward pass took (``sampler.compile``); 0 for a
-        sampler without compiled chains."""
+        """Seconds the first compiled forward pass took; 0 for a sampler without compiled
+        chains."""
         return 0.0
 
     def start_chains(self, chains) -> None:
