@@ -19,6 +19,11 @@ On a sector with no more states than a call makes proposals (the 6-site test con
 instead (`sector_walk`): one forward pass over the sector, then no network call per step;
 the same random numbers give the same chains as the per-proposal path.
 
+Compiled chains of a bond rule on a ViT take a sweep's steps through compiled graphs
+(`compiled_sweep`): the same moves from the same random numbers, several times fewer
+operator calls. Their positions and generator, and what a checkpoint keeps of them, are
+`chain_state.ChainState`'s.
+
 Exact sums over the sector are `exact_sampler.ExactSampler`, behind the same interface.
 
 Across ``torch.distributed`` ranks the Metropolis sampler's ``n_samples`` and ``n_chains``
@@ -31,24 +36,21 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from functools import cached_property, partial
 
 import torch
 
 from vitqs.config import SamplerConfig
-from vitqs.distributed import gather_rows, rank, reduce_sum, world_size
+from vitqs.distributed import rank, reduce_sum, world_size
+from vitqs.vmc.chain_state import ChainState
+from vitqs.vmc.compiled_sweep import CompiledSweeps
 from vitqs.vmc.estimators import distinct_rows, evaluate_log_psi, local_energy
-from vitqs.vmc.rules import proposal_rule
+from vitqs.vmc.rules import BondRule, proposal_rule
 from vitqs.vmc.samples import ModelItself, Sampler, Samples, model_device_dtype
 from vitqs.vmc.sector_walk import SectorMoves, walk
 
-# Rank r seeds its generator with seed + r * _RANK_SEED_STRIDE: streams far apart for the
-# seeds a user picks by hand (0, 1, 42 ...), whose runs stay distinct on any number of ranks.
-_RANK_SEED_STRIDE = 1_000_003
 
-
-class MetropolisSampler(Sampler):
+class MetropolisSampler(ChainState, Sampler):
     """Metropolis-Hastings chains of ``|ψ|²`` that persist across parameter updates.
 
     Args:
@@ -113,6 +115,7 @@ class MetropolisSampler(Sampler):
         self._generator: torch.Generator | None = None
         self._chains: torch.Tensor | None = None
         self._pending_state: dict | None = None
+        self._sweeps: CompiledSweeps | None = None  # compiled chains of a bond rule
 
     def set_n_samples(self, n_samples: int) -> None:
         """Sets the samples per call over all ranks (a multiple of the total ``n_chains``);
@@ -131,9 +134,10 @@ class MetropolisSampler(Sampler):
 
     @property
     def compile_seconds(self) -> float:
-        """Seconds the first compiled pass of the chains' network took (tracing and
-        compiling included); 0 without compiled chains or before the first call."""
-        return self.chains.compile_seconds
+        """Seconds the first compiled graphs of the chains took (tracing and compiling
+        included); 0 without compiled chains or before the first call."""
+        sweeps = 0.0 if self._sweeps is None else self._sweeps.seconds or 0.0
+        return self.chains.compile_seconds + sweeps
 
     def local_energy(self, hamiltonian, network, samples: Samples, chunk_size=None):
         """Returns the local energies of the samples, through ``network`` at the connected
@@ -186,130 +190,6 @@ class MetropolisSampler(Sampler):
         plain = copy.copy(self)
         plain.machine_pow, plain.chains = 2.0, self.chains.of_psi()
         return plain
-
-    # ---------------------------------------------------------------- state
-    def _initialise(self, device: torch.device, dtype: torch.dtype):
-        if self._generator is None or self._generator.device != device:
-            self._generator = torch.Generator(device=device)
-            self._generator.manual_seed(self.seed + self.rank * _RANK_SEED_STRIDE)
-            self._chains = None
-        if self._pending_state is not None:
-            if self._pending_state["generator"] is not None:  # None: chains given, no RNG state
-                self._restore_generator(self._pending_state["generator"], device)
-            self._chains = self._pending_state["chains"]
-            self._pending_state = None
-        if self._chains is None:
-            self._chains = self.hilbert.random_states(self.n_chains, self._generator)
-        self._chains = self._chains.to(device=device, dtype=dtype)
-
-    def _restore_generator(self, state: torch.Tensor, device: torch.device) -> None:
-        """Sets the chains' generator to a checkpoint's ``state``. A state of another kind
-        of device's generator (a CUDA run resumed on the CPU) cannot be: the chains then go
-        on from the seed, and a warning says that the resume is not the run it continues
-        bit for bit; a state of this device's kind that does not load is an error."""
-        if len(state) == len(self._generator.get_state()):
-            try:
-                self._generator.set_state(state)
-            except RuntimeError as err:
-                raise ValueError(
-                    f"sampler state: the generator state does not load ({err})"
-                ) from None
-            return
-        warnings.warn(
-            f"the checkpoint's chain generator state ({len(state)} bytes) is of another kind "
-            f"of device than {device.type}'s: the chains go on from their positions with a "
-            "generator seeded anew, so the resumed run is not the one it continues bit for bit",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-
-    def start_chains(self, chains) -> None:
-        """Starts the chains from these configurations ``(n, n_sites)`` (e.g. the chains of
-        an earlier run of a nearby state), taken in turn until there are ``n_chains``.
-
-        Chains already near ``|ψ|²`` need no long thermalisation; random ones, which a
-        warm-started run would otherwise begin from, feed its first steps samples of the wrong
-        distribution. The generator keeps its own seed. Applied at the next call.
-
-        Raises:
-            ValueError: when a configuration is not a state of this sampler's sector.
-        """
-        chains = torch.as_tensor(chains, dtype=torch.float64).cpu()
-        valid = self.hilbert.contains(chains)
-        if chains.ndim != 2 or len(chains) == 0 or not valid.all():
-            raise ValueError(
-                f"start_chains: {int((~valid).sum())} of {len(chains)} configurations of shape "
-                f"{tuple(chains.shape)} are not states of this sector "
-                f"({self.hilbert.describe()})"
-            )
-        turns = torch.arange(self.n_chains_total) % len(chains)
-        self._pending_state = {"chains": self._own(chains[turns]), "generator": None}
-
-    def _own(self, chains: torch.Tensor) -> torch.Tensor:
-        """Returns this rank's share of chains ``(n_chains_total, N)``."""
-        return chains[self.rank * self.n_chains : (self.rank + 1) * self.n_chains]
-
-    def state_dict(self) -> dict:
-        """Returns the chains (CPU, float64) and the generator state, for checkpoints.
-
-        Across ranks (a collective: every rank calls it) the chains of all ranks ``(n_chains
-        total, N)`` and, under ``generators``, every rank's generator state.
-        """
-        if self._pending_state is not None:
-            state = dict(self._pending_state)
-        elif self._chains is None:
-            state = {}
-        else:
-            state = {
-                "chains": self._chains.detach().to("cpu", torch.float64),
-                "generator": self._generator.get_state(),
-            }
-        if self.n_ranks == 1 or not state:  # not started: the same on every rank
-            return state
-        state["chains"] = gather_rows(state["chains"])
-        own = state.pop("generator")
-        if own is not None:  # started chains carry no generator state on any rank
-            state["generators"] = gather_rows(own[None])  # (n_ranks, state bytes)
-        return state
-
-    def load_state_dict(self, state: dict):
-        """Restores chains and generator state from `state_dict` (applied at the next call).
-
-        A state written by another number of ranks restores the chains, shared out anew, and
-        leaves each generator at its own seed.
-        """
-        if not state:
-            return
-        chains = torch.as_tensor(state["chains"], dtype=torch.float64)
-        if chains.shape != (self.n_chains_total, self.n_sites):
-            raise ValueError(
-                f"sampler state holds chains of shape {tuple(chains.shape)}; this sampler has "
-                f"sampler.n_chains={self.n_chains_total} on {self.n_sites} sites"
-            )
-        outside = int((~torch.as_tensor(self.hilbert.contains(chains))).sum())
-        if outside:  # chains outside the sector would sample another space without a word
-            raise ValueError(f"sampler state: {outside} chains are not states of this sector")
-        generators = state.get("generators")
-        if generators is None and self.n_ranks == 1:
-            generator = state.get("generator")
-        elif generators is not None and len(generators) == self.n_ranks:
-            # a copy of its own: Generator.set_state reads a row view from the storage's
-            # start, whatever the view's offset (torch 2.13 crashes on rank 1's row)
-            generator = torch.as_tensor(generators[self.rank], dtype=torch.uint8).clone()
-        else:
-            generator = None
-        if generator is not None and (generator.dtype != torch.uint8 or generator.ndim != 1):
-            raise ValueError("sampler state: the generator state is not a byte vector")
-        if generator is not None and len(generator) == len(torch.Generator().get_state()):
-            try:  # a CPU generator's state: checked now, while a bad one is still a clean error
-                torch.Generator().set_state(generator)
-            except RuntimeError as err:
-                raise ValueError(
-                    f"sampler state: the generator state does not load ({err})"
-                ) from None
-        self._pending_state = {"chains": self._own(chains), "generator": generator}
-        if self._generator is not None:
-            self._initialise(self._generator.device, self._chains.dtype)
 
     # ------------------------------------------------------------- sampling
     @torch.no_grad()
@@ -373,7 +253,11 @@ class MetropolisSampler(Sampler):
         ``n_per_chain`` sweeps; returns the kept configurations ``(C, n_per_chain, N)``, their
         log ψ under ``network`` and the number of accepted moves (a 0-d tensor)."""
         x = self._chains
-        log_psi = evaluate_log_psi(network, x)  # cached for the current chain states
+        sweeps = self._compiled_sweeps(network)
+        if sweeps is None:
+            log_psi = evaluate_log_psi(network, x)  # cached for the current chain states
+        else:  # eager: the network's compiled single pass would compile a graph for nothing
+            log_psi = _log_psi_in_parts(network, x)
         accepted = torch.zeros((), dtype=torch.int64, device=x.device)
         # chains that share their configurations propose the same moves: evaluate each
         # distinct proposal once (worth its cost only then; decided from the chain states)
@@ -384,13 +268,33 @@ class MetropolisSampler(Sampler):
         samples_log_psi = torch.empty(kept, dtype=log_psi.dtype, device=x.device)
         for sweep in range(n_discard + self.n_per_chain):
             picks, log_u = self._sweep_draws(x.device)
-            for t in range(self.sweep_size):
-                x, log_psi, accepted = step(x, log_psi, accepted, picks[t], log_u[t])
+            swept = None
+            if sweeps is not None and not sweeps.failed:
+                swept = sweeps.sweep(network, x, log_psi, picks, log_u, self.machine_pow)
+            if swept is not None:
+                x, log_psi, n_accepted = swept
+                accepted = accepted + n_accepted
+            else:
+                for t in range(self.sweep_size):
+                    x, log_psi, accepted = step(x, log_psi, accepted, picks[t], log_u[t])
             if sweep >= n_discard:
                 samples_x[:, sweep - n_discard] = x
                 samples_log_psi[:, sweep - n_discard] = log_psi
         self._chains = x
         return samples_x, samples_log_psi, accepted
+
+    def _compiled_sweeps(self, network) -> CompiledSweeps | None:
+        """Returns the compiled sweeps of compiled chains whose moves are a bond rule's and
+        whose network gives log ψ in real arithmetic (a ViT's `log_psi_parts`); None
+        otherwise (the chains then step eager, through the network's compiled pass if any)."""
+        if not self.chains.compile or not isinstance(self.rule, BondRule):
+            return None
+        if not hasattr(network, "log_psi_parts"):
+            return None
+        if self._sweeps is None:
+            table = torch.as_tensor(self.rule.moves)
+            self._sweeps = CompiledSweeps(table, self.rule.name, self.rule.n_max)
+        return None if self._sweeps.failed else self._sweeps
 
     def _sweep_draws(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns one sweep's random numbers, each ``(sweep_size, n_chains)``: the move each
@@ -474,6 +378,12 @@ class MetropolisSampler(Sampler):
         if len(rows) == len(valid):
             return evaluate_log_psi(model, x_new)
         return log_psi.index_put((rows,), evaluate_log_psi(model, x_new[rows]).to(log_psi.dtype))
+
+
+def _log_psi_in_parts(network, x: torch.Tensor) -> torch.Tensor:
+    """Returns the complex log ψ ``(B,)`` of ``network``'s eager pass in real arithmetic."""
+    dtype = next(network.parameters()).dtype
+    return torch.complex(*network.log_psi_parts(x.to(dtype)))
 
 
 def _log_psi_of_distinct(model, x: torch.Tensor) -> torch.Tensor:

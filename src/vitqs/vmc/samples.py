@@ -178,7 +178,7 @@ class ModelItself:
     """Chains on the model itself, in its own dtype: what a sampler runs without a chain
     network (`models.chains.ChainNetwork` holds the float32, compiled and bare choices)."""
 
-    bare = False
+    bare = compile = False
     compile_seconds = 0.0
 
     def sampled(self, model):
