@@ -17,7 +17,7 @@ def _randomised(network: torch.nn.Module, seed: int, scale: float) -> torch.nn.M
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in network.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device))
     return network
 
 
@@ -37,13 +37,24 @@ def _bosons():
     return BoseHubbard(lattice, U=4.0, n_particles=9, n_max=3), _randomised(vit, 5, 0.1), {}
 
 
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("system", [_spins, _bosons])
 @pytest.mark.parametrize("machine_pow", [2.0, 1.25])
-def test_compiled_sweeps_make_the_eager_chains(system, machine_pow):
+def test_compiled_sweeps_make_the_eager_chains(system, machine_pow, device):
     """float64 chains: the graph's log ψ agree with the eager pass to rounding, so the same
     seed makes the same moves and acceptance decisions, over two calls with a parameter
     update between them, and then for the final measurement's |ψ|² on the same graph."""
     hamiltonian, model, sweep = system()
+    model = model.to(device)
     kwargs = {"n_samples": 48, "n_chains": 16, "n_discard": 2, "seed": 9, **sweep}
     kwargs.update(sector_table=False, machine_pow=machine_pow)
     bare = isinstance(model, Symmetrized)
@@ -94,7 +105,11 @@ def test_a_compiler_that_fails_leaves_eager_chains_and_says_why():
 
 
 @pytest.mark.parametrize(
-    "sweep_size, steps", [(16, 16), (36, 12), (100, 10), (18, 9), (17, 1), (4, 4), (1, 1)]
+    "sweep_size, layers, steps",
+    [(16, 1, 16), (36, 1, 12), (100, 1, 10), (18, 1, 9), (17, 1, 1), (4, 1, 4), (1, 1, 1)]
+    + [(16, 2, 8), (36, 4, 4), (100, 4, 4), (18, 2, 6), (36, 20, 1)],
 )
-def test_a_graph_unrolls_the_largest_divisor_of_the_sweep_up_to_16(sweep_size, steps):
-    assert steps_per_graph(sweep_size) == steps
+def test_a_graph_unrolls_the_largest_divisor_of_the_sweep_up_to_16_layers(
+    sweep_size, layers, steps
+):
+    assert steps_per_graph(sweep_size, layers) == steps
