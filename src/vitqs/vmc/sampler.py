@@ -284,10 +284,14 @@ class MetropolisSampler(ChainState, Sampler):
         return samples_x, samples_log_psi, accepted
 
     def _compiled_sweeps(self, network) -> CompiledSweeps | None:
-        """Returns the compiled sweeps of compiled chains whose moves are a bond rule's and
-        whose network gives log ψ in real arithmetic (a ViT's `log_psi_parts`); None
-        otherwise (the chains then step eager, through the network's compiled pass if any)."""
+        """Returns the compiled sweeps of compiled chains on the CPU whose moves are a bond
+        rule's and whose network gives log ψ in real arithmetic (a ViT's `log_psi_parts`);
+        None otherwise: the chains then step eager, through the network's compiled pass. On
+        an H200 the 10×10's 4,096 chains sampled in 0.246 s a step by sweeps against 0.218 s
+        by the compiled pass, after twice its compile (35 s; results/performance.md)."""
         if not self.chains.compile or not isinstance(self.rule, BondRule):
+            return None
+        if self._chains is None or self._chains.device.type != "cpu":
             return None
         if not hasattr(network, "log_psi_parts"):
             return None
