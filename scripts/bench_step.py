@@ -52,6 +52,12 @@ def _parse_args(argv=None):
         "rows of results/benchmarks/speed__*.json into results/performance.md)",
     )
     parser.add_argument("--label", default=None, help="the row's name in the table")
+    parser.add_argument(
+        "--compile",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="compile our chains: as a run of the config would (auto), or not",
+    )
     return parser.parse_args(argv)
 
 
@@ -178,7 +184,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     try:
         config = load(args.config, [*args.overrides, f"threads={args.threads}"])
-        ours = time_steps(config, n_warmup=args.n_warmup, n_iter=args.n_iter)
+        compile_chains = {"auto": None, "yes": True, "no": False}[args.compile]
+        ours = time_steps(
+            config, n_warmup=args.n_warmup, n_iter=args.n_iter, compile_chains=compile_chains
+        )
     except ConfigError as err:
         print(f"bench_step: error: {err}", file=sys.stderr)
         return 2
