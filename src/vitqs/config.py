@@ -278,6 +278,7 @@ def option(
     free_across_init=False,
     runtime=False,
     escape_hatch=False,
+    physics=False,
 ):
     """A config field: its default (or required), its checker, its documentation and the
     rules of the field. docs/config.md is generated from these (`vitqs.config_reference`).
@@ -296,6 +297,9 @@ def option(
         escape_hatch: a setting a user turns to when the default does not fit the machine
             or the run (device, precision, memory, time, files): it keeps its place without
             a shipped config that sets it (issue 51; tests/test_config_reference.py).
+        physics: a parameter of the system studied (boundary conditions, couplings, the
+            sector's charge): a physicist sets it for their problem, whether or not a shipped
+            config does.
     """
     metadata = {
         "check": check,
@@ -305,6 +309,7 @@ def option(
         "free_across_init": free_across_init,
         "runtime": runtime,
         "escape_hatch": escape_hatch,
+        "physics": physics,
     }
     if default is _REQUIRED:
         return field(default=None, metadata={**metadata, "required": True})
@@ -370,6 +375,7 @@ class LatticeConfig(Section):
     pbc: Any = option(
         True,
         either(boolean(), bool_list((1, 2)), expected="true, false or a list of them"),
+        physics=True,
         doc="Periodic boundaries: one bool for every axis, or one per axis. A ladder's single "
         "bool is along its legs; across them it stays open unless a list says otherwise.",
         allowed="bool, or a list of one bool per axis",
@@ -377,6 +383,7 @@ class LatticeConfig(Section):
     kind: str | None = option(
         None,
         optional(choice(*LATTICE_KINDS)),
+        physics=True,
         doc="The lattice ([lattices.md](lattices.md)). null: a chain for `[L]`, "
         "a square for `[Lx, Ly]`.",
         allowed="`chain` | `square` | `triangular` | `honeycomb` | `kagome` | `ladder`, or null",
@@ -409,21 +416,28 @@ class HeisenbergConfig(Section):
     J1: float = option(
         1.0,
         real(),
+        physics=True,
         doc="Coupling of the order-1 (nearest-neighbour) bonds; > 0 is antiferromagnetic.",
         allowed="float",
     )
     J2: float = option(
-        0.0, real(), doc="Coupling of the order-2 (next-nearest-neighbour) bonds.", allowed="float"
+        0.0,
+        real(),
+        physics=True,
+        doc="Coupling of the order-2 (next-nearest-neighbour) bonds.",
+        allowed="float",
     )
     J_leg: float | None = option(
         None,
         optional(real()),
+        physics=True,
         doc="A ladder's order-1 coupling along its legs; other lattices refuse it. null: `J1`.",
         allowed="float, or null",
     )
     J_rung: float | None = option(
         None,
         optional(real()),
+        physics=True,
         doc="A ladder's order-1 coupling across its legs (the rungs); other lattices refuse it. "
         "null: `J1`.",
         allowed="float, or null",
@@ -439,6 +453,7 @@ class HeisenbergConfig(Section):
     total_sz: float = option(
         0.0,
         real(),
+        physics=True,
         doc="The S^z sector the run works in.",
         allowed="float: an integer (a half-integer on an odd number of sites) within ±N/2",
     )
@@ -456,21 +471,30 @@ class BoseHubbardConfig(Section):
         allowed="`bose_hubbard`",
     )
     J: float = option(
-        1.0, real(), doc="Hopping amplitude along the order-1 bonds.", allowed="float"
+        1.0,
+        real(),
+        physics=True,
+        doc="Hopping amplitude along the order-1 bonds.",
+        allowed="float",
     )
-    U: float = option(4.0, real(), doc="On-site interaction.", allowed="float")
+    U: float = option(4.0, real(), physics=True, doc="On-site interaction.", allowed="float")
     mu: float = option(
         0.0,
         real(),
+        physics=True,
         doc="Chemical potential μ; at a fixed number of bosons it shifts every energy by −μN.",
         allowed="float",
     )
     n_particles: int = option(
-        check=integer(1), doc="The number of bosons on the lattice.", allowed="int ≥ 1"
+        check=integer(1),
+        physics=True,
+        doc="The number of bosons on the lattice.",
+        allowed="int ≥ 1",
     )
     n_max: int | None = option(
         None,
         optional(integer(1)),
+        physics=True,
         doc="Most bosons one site may hold. null: `n_particles` (no cutoff).",
         allowed="int ≥ 1, or null",
     )

@@ -81,6 +81,10 @@ class Row:
     def escape_hatch(self) -> bool:
         return bool(self.field.metadata.get("escape_hatch"))
 
+    @property
+    def physics(self) -> bool:
+        return bool(self.field.metadata.get("physics"))
+
 
 def rows(configs: Path = CONFIGS) -> list[Row]:
     """Returns one row per key of every section, with the shipped configs under ``configs``
@@ -172,8 +176,9 @@ def _set_by(row: Row) -> str:
         shipped = f"{len(row.set_by)} configs"
     else:
         shipped = ", ".join(f"`{path}`" for path in row.set_by)
-    if row.escape_hatch:
-        return f"escape hatch; {shipped}" if shipped else "escape hatch"
+    for mark, name in ((row.escape_hatch, "escape hatch"), (row.physics, "physics")):
+        if mark:
+            return f"{name}; {shipped}" if shipped else name
     return shipped or "—"
 
 
@@ -214,7 +219,9 @@ def _introduction() -> list[str]:
         "starts from. **set by** names the shipped configs (`configs/`) that set the key to "
         "something other than its default, or counts them; an **escape hatch** is a setting "
         "kept for when the default does not fit the machine or the run (device, precision, "
-        "memory, time, files), whether or not a shipped config sets it.",
+        "memory, time, files), whether or not a shipped config sets it; **physics** marks a "
+        "parameter of the system studied (boundary conditions, couplings, the sector), which "
+        "a physicist sets for their problem.",
         "",
         "**A section left out is a recipe.** The `model`, `sampler`, `optimizer` and `final` "
         "sections a config does not write are the measured recipe of its problem's class "
