@@ -120,6 +120,30 @@ class Symmetrized(nn.Module):
         log_terms = rearrange(log_terms, "batch f t -> batch (f t)")
         return complex_logsumexp(log_terms, dim=1) - math.log(log_terms.shape[1])
 
+    @property
+    def has_parts(self) -> bool:
+        """Whether `log_psi_parts` can run: the network inside gives its own."""
+        return bool(getattr(self.model, "has_parts", False))
+
+    def log_psi_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(Re, Im)`` of `forward`'s ``log ψ_sym`` ``(B,)`` in real arithmetic, from
+        the network's own `log_psi_parts` (a ViT's): what ``torch.compile`` fuses (the compiled
+        sweeps of chains on ψ_sym). ``Im`` is the principal phase, as `forward`'s."""
+        x_t = x[:, self.translations]  # (batch, t, site)
+        n_copies = len(self.flip_sign) * x_t.shape[1]
+        copies = self.flip_sign.to(x.dtype)[None, :, None, None] * x_t[:, None]
+        real, imag = self.model.log_psi_parts(copies.reshape(-1, x.shape[1]))
+        real = real.reshape(-1, n_copies)
+        imag = imag.reshape(-1, *self.weight_phase.shape) + self.weight_phase.to(imag.dtype)
+        imag = imag.reshape(-1, n_copies)
+        shift = real.amax(dim=1, keepdim=True)
+        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+        weight = torch.exp(real - shift)
+        total_re = (weight * torch.cos(imag)).sum(dim=1)
+        total_im = (weight * torch.sin(imag)).sum(dim=1)
+        magnitude = 0.5 * torch.log(total_re**2 + total_im**2)  # −inf where the copies cancel
+        return magnitude + shift[:, 0] - math.log(n_copies), torch.atan2(total_im, total_re)
+
 
 def symmetrize_translations(model: nn.Module, lattice, momentum=None) -> nn.Module:
     """Returns ``model`` averaged over the lattice translations it is not invariant under,

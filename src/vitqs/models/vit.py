@@ -311,6 +311,8 @@ class ViT(nn.Module):
             log_psi = torch.complex(log_psi.real, log_psi.imag + self._sign_phase(x))
         return log_psi
 
+    has_parts = True  # `log_psi_parts` in real arithmetic (compiled sweeps, `Symmetrized`)
+
     def log_psi_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(Re, Im)`` of `_log_psi` ``(B,)`` each, in real arithmetic only (what
         ``torch.compile`` fuses, `compiled.py`)."""

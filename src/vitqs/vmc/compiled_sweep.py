@@ -88,7 +88,8 @@ class CompiledSweeps:
         power = torch.tensor(machine_pow, dtype=log_psi.real.dtype, device=x.device)
         real, imag = log_psi.real.contiguous(), log_psi.imag.contiguous()
         accepted = torch.zeros((), dtype=torch.int64, device=x.device)
-        chunk = steps_per_graph(len(picks), len(getattr(network, "blocks", ())))
+        inner = getattr(network, "model", network)  # the ViT under a symmetry average
+        chunk = steps_per_graph(len(picks), len(getattr(inner, "blocks", ())))
         start = time.perf_counter()
         for first in range(0, len(picks), chunk):
             steps = slice(first, first + chunk)
