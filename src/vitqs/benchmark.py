@@ -41,7 +41,7 @@ def time_steps(
     ``n_samples``, ``method_used``, ``device``, ``dtype``, ``chain_dtype`` and
     ``local_energy_dtype`` (the networks the chains and the local energies run on),
     ``threads``, ``n_iter``, ``n_warmup``, ``compiled_chains`` (whether the chains' network
-    went through ``torch.compile``), ``compile_seconds`` (its first compiled pass, tracing
+    went through ``torch.compile``), ``compile_seconds`` (its first compiled graphs, tracing
     and compiling, inside the warm-up;
     0 without), ``flops`` (`phase_flops`: counted operations of ``sampling``,
     ``local_energy`` and ``jacobian+solve``, from one more step's calls), ``gflops`` (those
@@ -271,4 +271,4 @@ def _compile_line(result: dict) -> list[str]:
     if not result.get("compiled_chains"):
         return []
     seconds = result.get("compile_seconds", 0.0)
-    return [f"compile        {seconds:.3f} s (the chains' first compiled pass, tracing included)"]
+    return [f"compile        {seconds:.3f} s (the chains' first compiled graphs, tracing included)"]

@@ -124,24 +124,27 @@ def _device_memory(device: torch.device) -> int | None:
         return None
 
 
-# Compiled chains pay back their compile (15-26 s on an H200) after 60-160 steps: sampling
-# 0.74 -> 0.30 s (J1-J2 6x6, 8 copies) and 0.38 -> 0.22 s (10x10) a step there. On the CPU
-# they gained 1.2-1.7x in sampling on spins and nothing on bosons, for 11-22 s of compile
-# (results/history/performance_notes.md): not enough to choose them without measuring each.
+# Compiled chains pay back their compile within a run of ten minutes. On an H200 (the
+# copy's forward pass compiled, 15-26 s) after 60-160 steps: sampling 0.74 -> 0.30 s (J1-J2
+# 6x6, 8 copies) and 0.38 -> 0.22 s (10x10) a step. On 2 CPU cores (whole Metropolis steps
+# compiled, `vmc/compiled_sweep.py`, 14-17 s) the recipes' steps took 0.53 -> 0.48 s
+# (Bose-Hubbard chain 12), 0.75 -> 0.70 s (J1-J2 chain 20) and 0.70 -> 0.49 s (Heisenberg
+# 6x6), their sampling 1.5-2.3x faster (results/performance.md). Without a budget a CPU run
+# does not compile: its steps give no time to weigh the compile against.
 COMPILE_FROM_SECONDS = 600
-COMPILE_FROM_STEPS = 200
+COMPILE_FROM_STEPS = 200  # on CUDA, without a budget
 
 
 def compiled_chains(config: Config, device: torch.device) -> bool:
-    """Returns whether the chains' network goes through ``torch.compile``: a ViT's, on CUDA,
-    in a run long enough to pay the compile back (a budget of `COMPILE_FROM_SECONDS` or
-    more, or `COMPILE_FROM_STEPS` steps or more without one)."""
-    if device.type != "cuda" or config.model.kind != "vit" or config.sampler.kind != "metropolis":
+    """Returns whether the chains run compiled: a ViT's Metropolis chains in a run long
+    enough to pay the compile back, a budget of `COMPILE_FROM_SECONDS` or more (on CUDA,
+    without a budget, `COMPILE_FROM_STEPS` steps or more)."""
+    if config.model.kind != "vit" or config.sampler.kind != "metropolis":
         return False
     if config.budget is not None:
         return config.budget >= COMPILE_FROM_SECONDS
     steps = n_steps(config)
-    return steps is not None and steps >= COMPILE_FROM_STEPS
+    return device.type == "cuda" and steps is not None and steps >= COMPILE_FROM_STEPS
 
 
 def build_sampler(config: Config, hamiltonian, model=None, *, compile_chains: bool | None = None):

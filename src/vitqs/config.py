@@ -1180,8 +1180,8 @@ RETIRED_KEYS = {
 }
 # Retired keys whose lever was adopted, or is chosen for the run: what vitqs does instead
 RETIRED_BECAUSE = {
-    "sampler.compile": "the chains' network is compiled where it pays, without a key: on CUDA, "
-    "for a run of at least 600 s or 200 steps (build.compiled_chains)",
+    "sampler.compile": "the chains are compiled where it pays, without a key: in a run of a "
+    "budget of 600 s or more (build.compiled_chains)",
     "sampler.sum_over_orbits": "a full sum always sums over the orbits of the model's symmetries",
     "model.head_init_std": "the head's output weights always start at std 0.1 (models/vit.py)",
 }

@@ -538,7 +538,7 @@ class _ProgressBar:
         if seconds:
             self.compile_told = True
             self.bar.write(
-                f"compiled chains: their network's first compiled pass took {seconds:.1f} s "
+                f"compiled chains: their first compiled graphs took {seconds:.1f} s "
                 f"(tracing and compiling; step {step}'s sampling includes it)",
                 file=sys.stderr,
             )
