@@ -86,8 +86,6 @@ def netket_options(config) -> dict:
         raise ValueError(
             "the netket peer is the factored translation-invariant ViT: model.kind=vit"
         )
-    if opt.method == "adam":
-        raise ValueError("the netket peer uses SR / minSR; set optimizer.method to auto|sr|minsr")
     patch = model.patch_size
     patch = patch[0] if isinstance(patch, list) else patch
     return {
@@ -97,13 +95,13 @@ def netket_options(config) -> dict:
         "patch_size": patch,
         "n_samples": sampler.n_samples,
         "n_chains": sampler.n_chains,
-        "sweep_size": sampler.sweep_size,
+        "sweep_size": config.n_sites,  # vitqs's: one proposal per site
         "n_discard_per_chain": sampler.n_discard,
         # netket's peer takes constants: a schedule's start (the step's time does not depend
         # on the values)
         "lr": schedule_values(opt.lr)[0],
         "diag_shift": schedule_values(opt.diag_shift)[0],
-        "method": opt.method,
+        "method": "auto",  # vitqs's rule: the smaller of SR's and minSR's matrices
         "seed": config.seed,
     }
 

@@ -28,6 +28,7 @@ from vitqs.build import build_network, build_sampler
 from vitqs.config import final_samples
 from vitqs.report import enumerable_run, enumerated_energy, final_model
 from vitqs.runner import final_discard
+from vitqs.vmc.driver import last_good_parameters
 from vitqs.vmc.estimators import sample_statistics
 from vitqs.vmc.sr import set_parameter_vector
 
@@ -50,8 +51,9 @@ def repeated_finals(
     last = build_network(config, hamiltonian).cpu()
     last.load_state_dict(state["model"])
     vmc_state = state.get("vmc") or {}
-    if vmc_state.get("last_good") is not None:  # averaged runs keep the last iterate apart
-        set_parameter_vector(last, vmc_state["last_good"][0])
+    theta_last = last_good_parameters(vmc_state)
+    if theta_last is not None:  # averaged runs keep the last iterate apart
+        set_parameter_vector(last, theta_last)
     measured = {d: [] for d in discards}
     default = None
     for repeat in range(repeats):

@@ -91,16 +91,16 @@ TUTORIAL_10X10 = {
         "attention": "factored",
         "translation_invariant": True,
     },
-    # one sweep of 100 exchange moves per chain and step, one sample per chain
-    "sampler": {"n_samples": 4096, "n_chains": 4096, "sweep_size": 100, "n_discard": 0},
-    "optimizer": {"method": "minsr", "lr": 0.01, "diag_shift": 1.0e-4},
+    # one sweep of 100 exchange moves (one a site) per chain and step, one sample per chain
+    "sampler": {"n_samples": 4096, "n_chains": 4096, "n_discard": 0},
+    "optimizer": {"lr": 0.01, "diag_shift": 1.0e-4},  # 4,096 samples: minSR's kernel
 }
 PROBLEMS = ("j1j2_6x6", "tutorial_10x10")
 _TOY_MODEL = ["lattice.shape=[4, 4]", "model.d_model=8", "model.heads=2", "model.layers=1"]
 _TOY_SAMPLER = ["sampler.n_samples=32", "sampler.n_chains=32"]
 TOY = {
     "j1j2_6x6": [*_TOY_MODEL, *_TOY_SAMPLER],
-    "tutorial_10x10": [*_TOY_MODEL, *_TOY_SAMPLER, "sampler.sweep_size=16"],
+    "tutorial_10x10": [*_TOY_MODEL, *_TOY_SAMPLER],
 }
 EQUALITY_ATOL = 1e-12
 COMPILED_TESTS = ("tests/models/test_compiled.py", "-k", "equals_the_eager or the_eager_chains")

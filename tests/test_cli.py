@@ -123,6 +123,7 @@ BAD_CONFIGS = {
         "sign_rule",
     ),
     "schedule": (lambda d: d["optimizer"].update(lr={"schedule": "cosine"}), "optimizer.lr"),
+    "retired": (lambda d: d["sampler"].update(rule="hop"), "sampler.rule"),
     # values that once ended in a traceback (torch's C int, timedelta's range, int("²"))
     "threads": (lambda d: d.update(threads=2**53), "threads"),
     "timeout": (lambda d: d.update(distributed={"timeout": 1e300}), "distributed.timeout"),
@@ -134,7 +135,6 @@ BAD_FOR_RUN = {
     "patch_axes": (lambda d: d["model"].update(patch_size=[2, 2]), "model.patch_size"),
     "heads": (lambda d: d["model"].update(heads=3), "model.heads"),
     "chains": (lambda d: d["sampler"].update(n_chains=5), "sampler.n_chains"),
-    "rule": (lambda d: d["sampler"].update(rule="hop"), "sampler.rule"),
     "max_dim": (lambda d: d.update(exact={"enabled": True, "max_dim": 10}), "exact.max_dim"),
     # refused before allocation: it once allocated until the machine ran out of memory
     "layers": (lambda d: d["model"].update(layers=10**9), "model.layers"),

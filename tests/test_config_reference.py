@@ -31,9 +31,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 NEITHER_SET_NOR_ESCAPE_HATCH = {
     "model.kind",
     "model.attention",
-    "sampler.sweep_size",
-    "sampler.rule",
-    "optimizer.method",
 }
 
 

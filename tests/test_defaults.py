@@ -25,7 +25,6 @@ from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.driver import VMC
 from vitqs.vmc.exact_sampler import ExactSampler
 from vitqs.vmc.sampler import MetropolisSampler
-from vitqs.vmc.sr import natural_gradient
 from vitqs.yamlfile import parse_yaml
 
 MINIMAL_YAML = """
@@ -71,11 +70,10 @@ CONSTRUCTORS = [
     (
         MetropolisSampler,
         cfg.SamplerConfig,
-        {k: k for k in ("n_samples", "n_chains", "sweep_size", "n_discard", "rule", "machine_pow")},
+        {k: k for k in ("n_samples", "n_chains", "n_discard", "machine_pow")},
     ),
     (ExactSampler, cfg.SamplerConfig, {"chunk_size": "chunk_size"}),
     (VMC, cfg.SamplerConfig, {"chunk_size": "chunk_size"}),
-    (natural_gradient, cfg.OptimizerConfig, {"method": "method"}),
     (
         ViT,
         cfg.ModelConfig,

@@ -25,7 +25,6 @@ P_VALUE_THRESHOLD = 1e-3
 CASES = {
     "exchange": (lambda: Heisenberg(Lattice((6,)), J2=0.5), "exchange", 0.25),
     "exchange_open": (lambda: Heisenberg(Lattice((6,), pbc=False)), "exchange", 0.25),
-    "exchange_global": (lambda: Heisenberg(Lattice((3, 2))), "exchange_global", 0.25),
     "hop": (lambda: BoseHubbard(Lattice((4,)), n_particles=4), "hop", 0.15),
     "hop_cutoff": (lambda: BoseHubbard(Lattice((4,)), n_particles=4, n_max=2), "hop", 0.15),
 }
@@ -44,7 +43,7 @@ def test_metropolis_histogram_matches_exact_distribution(case, sector_table):
     model = ComplexRBM(hilbert.n_sites, n_hidden=4, scale=scale, seed=3)
     n_chains = 10000
     sampler = MetropolisSampler(
-        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, rule=rule, seed=7,
+        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, seed=7,
         sector_table=sector_table,
     )  # fmt: skip
     samples = sampler.sample(model)
@@ -67,7 +66,7 @@ def test_machine_pow_chains_sample_psi_to_that_power_and_carry_the_rest_as_weigh
     model = ComplexRBM(hilbert.n_sites, n_hidden=4, scale=2 * scale, seed=3)
     n_chains = 10000
     sampler = MetropolisSampler(
-        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, rule=rule, seed=7,
+        hamiltonian, n_samples=n_chains, n_chains=n_chains, n_discard=30, seed=7,
         machine_pow=1.0,
     )  # fmt: skip
     samples = sampler.sample(model)
@@ -96,7 +95,8 @@ def test_chains_stay_in_the_sector(case):
     make_hamiltonian, rule, _ = CASES[case]
     hamiltonian = make_hamiltonian()
     model = ComplexRBM(hamiltonian.n_sites, seed=1)
-    sampler = MetropolisSampler(hamiltonian, n_samples=64, n_chains=16, rule=rule, seed=0)
+    sampler = MetropolisSampler(hamiltonian, n_samples=64, n_chains=16, seed=0)
+    assert sampler.rule.name == rule
     samples = sampler.sample(model)
     assert samples.x.shape == (16, 4, hamiltonian.n_sites)
     hamiltonian.hilbert.state_index(samples.x.reshape(-1, hamiltonian.n_sites))  # raises if not
@@ -229,8 +229,6 @@ def test_exact_sampler_weights_are_normalised_born_probabilities():
     [
         ({"n_samples": 10, "n_chains": 4}, "n_samples"),
         ({"n_samples": 8, "n_chains": 0}, "n_chains"),
-        ({"n_samples": 8, "n_chains": 4, "rule": "hop"}, "rule"),
-        ({"n_samples": 8, "n_chains": 4, "rule": "flip"}, "rule"),
         ({"n_samples": 8, "n_chains": 4, "sweep_size": 0}, "sweep_size"),
         ({"n_samples": 8, "n_chains": 4, "n_discard": -1}, "n_discard"),
         ({"n_samples": 8, "n_chains": 4, "machine_pow": 0.0}, "machine_pow"),
@@ -244,9 +242,16 @@ def test_bad_settings_raise_with_the_config_key(kwargs, key):
         ChainNetwork(torch.float16)
 
 
-def test_exchange_rule_on_bosons_is_rejected():
-    with pytest.raises(ValueError, match="sampler.rule"):
-        MetropolisSampler(BoseHubbard(Lattice((4,))), n_samples=4, n_chains=4, rule="exchange")
+def test_the_hamiltonian_chooses_the_move():
+    """Spins exchange along every bond the Hamiltonian couples (J2's too), bosons hop both
+    ways along the nearest-neighbour bonds."""
+    chain = Lattice((6,))
+    assert len(MetropolisSampler(Heisenberg(chain), n_samples=4, n_chains=4).rule.moves) == 6
+    frustrated = MetropolisSampler(Heisenberg(chain, J2=0.5), n_samples=4, n_chains=4).rule
+    assert (frustrated.name, frustrated.n_moves) == ("exchange", 12)
+    hop = MetropolisSampler(BoseHubbard(chain, n_max=3), n_samples=4, n_chains=4).rule
+    assert (hop.name, hop.n_moves, hop.n_max) == ("hop", 12, 3)
+    assert {tuple(m) for m in hop.moves} == {tuple(m[::-1]) for m in hop.moves}
 
 
 @pytest.mark.usefixtures("single_thread")

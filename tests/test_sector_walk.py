@@ -43,7 +43,7 @@ def test_move_table_leads_where_each_move_leads(case):
     make_hamiltonian, rule = CASES[case]
     hamiltonian = make_hamiltonian()
     hilbert = hamiltonian.hilbert
-    moves = proposal_rule(rule, hamiltonian).moves
+    moves = proposal_rule(hamiltonian).moves
     table = sector_moves(hilbert, moves, rule)
     states = [list(map(int, s)) for s in hilbert.all_states()]
     position = {tuple(s): k for k, s in enumerate(states)}
@@ -59,7 +59,7 @@ def test_move_table_leads_where_each_move_leads(case):
 
 def test_no_table_for_a_sector_too_large():
     hamiltonian = Heisenberg(Lattice((6, 6)), J2=0.5)  # 9.1e9 states
-    moves = proposal_rule("exchange", hamiltonian).moves
+    moves = proposal_rule(hamiltonian).moves
     assert hamiltonian.hilbert.dimension * len(moves) > MAX_TABLE_ENTRIES
     assert sector_moves(hamiltonian.hilbert, moves, "exchange") is None
 
@@ -79,7 +79,7 @@ def test_table_walk_gives_the_chains_of_the_per_proposal_path(case, setting):
     make_hamiltonian, rule = CASES[case]
     hamiltonian = make_hamiltonian()
     model = ComplexRBM(hamiltonian.n_sites, n_hidden=4, scale=0.3, seed=2)
-    kwargs = {"n_samples": 48, "n_chains": 16, "n_discard": 4, "rule": rule, "seed": 5}
+    kwargs = {"n_samples": 48, "n_chains": 16, "n_discard": 4, "seed": 5}
     walked = MetropolisSampler(hamiltonian, **kwargs, **SETTINGS[setting]())
     stepped = MetropolisSampler(hamiltonian, **kwargs, **SETTINGS[setting](), sector_table=False)
     assert walked._walks_sector(16 * hamiltonian.n_sites * 7)
@@ -113,8 +113,6 @@ def test_the_table_is_walked_only_when_the_sector_has_fewer_states_than_the_prop
     assert sampler._walks_sector(12_870)
     switched_off = MetropolisSampler(hamiltonian, n_samples=64, n_chains=16, sector_table=False)
     assert not switched_off._walks_sector(10**9)
-    everywhere = MetropolisSampler(hamiltonian, n_samples=64, n_chains=16, rule="exchange_global")
-    assert not everywhere._walks_sector(10**9)
 
 
 class _NoForwardPass(torch.nn.Module):
@@ -135,7 +133,7 @@ def test_local_energies_from_the_table_are_those_of_forward_passes(case, machine
     n_samples = 48  # ≥ every case's sector (19–35 states)
     assert hamiltonian.hilbert.dimension <= n_samples
     sampler = MetropolisSampler(
-        hamiltonian, n_samples=n_samples, n_chains=16, rule=rule, seed=5, machine_pow=machine_pow
+        hamiltonian, n_samples=n_samples, n_chains=16, seed=5, machine_pow=machine_pow
     )
     for samples in (sampler.sample(model), sampler.draw(model, 3 * n_samples)):
         assert samples.sector_log_psi is not None

@@ -22,6 +22,7 @@ from vitqs.report import (
     state_energy,
 )
 from vitqs.runner import run_config
+from vitqs.vmc.driver import last_good_parameters
 
 
 def _dense_energy(model, hamiltonian, group) -> float:
@@ -62,7 +63,7 @@ def test_an_averaged_run_also_reports_its_last_iterate(tmp_path):
     summary = run_config(config, progress=False)
     row = state_energy(Path(summary["results_file"]), max_dim=10_000)
     record = results.read_results(summary["results_file"])
-    theta_last = results.load_checkpoint(record)["vmc"]["last_good"][0]
+    theta_last = last_good_parameters(results.load_checkpoint(record)["vmc"])
 
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)

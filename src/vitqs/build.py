@@ -172,9 +172,7 @@ def build_sampler(config: Config, hamiltonian, model=None, *, compile_chains: bo
             hamiltonian,
             n_samples=cfg.n_samples,
             n_chains=cfg.n_chains,
-            sweep_size=cfg.sweep_size,
             n_discard=cfg.n_discard,
-            rule=cfg.rule,
             seed=config.seed + 1,
             chains=ChainNetwork(
                 torch_dtype(cfg.dtype), compile=compile_chains, bare=cfg.bare_chains

@@ -323,11 +323,7 @@ def option(
 # solves, the models their kinds); nothing else spells them out.
 
 SAMPLER_KINDS = ("metropolis", "full_sum")
-SPIN_RULES = ("exchange", "exchange_global")  # the first is what auto picks
-BOSON_RULES = ("hop",)
-RULES = ("auto", *SPIN_RULES, *BOSON_RULES)
 NATURAL_GRADIENTS = ("auto", "sr", "minsr")  # auto: the smaller of the two solves
-METHODS = (*NATURAL_GRADIENTS, "adam")
 SCHEDULES = ("exponential", "cosine")  # besides a constant, which is a plain number
 MODEL_KINDS = ("vit", "simple_vit", "jastrow")
 ATTENTIONS = ("factored", "full")
@@ -667,25 +663,11 @@ class SamplerConfig(Section):
         "sweeps of one large batch.",
         allowed="int ≥ 1",
     )
-    sweep_size: int | None = option(
-        None,
-        optional(integer(1)),
-        doc="Proposals per chain between kept samples. null: the number of sites.",
-        allowed="int ≥ 1, or null",
-    )
     n_discard: int = option(
         16,
         integer(0),
         doc="Sweeps each chain makes after each update before it keeps samples.",
         allowed="int ≥ 0",
-    )
-    rule: str = option(
-        "auto",
-        choice(*RULES),
-        doc="The Metropolis move: swap the spins of a bond (`exchange`) or of any up-down pair "
-        "(`exchange_global`), or hop a boson along a bond (`hop`). `auto`: `exchange` for spins, "
-        "`hop` for bosons.",
-        allowed="`auto` | `exchange` | `exchange_global` | `hop`",
     )
     chunk_size: int | None = option(
         None,
@@ -750,7 +732,7 @@ class SamplerConfig(Section):
         "proposal step, the same chains from the same random numbers (`vmc/sector_walk.py`). "
         "On a sector no larger than the kept samples the local energies come from the table "
         "too (`sampler.local_energy_dtype` then does nothing). false: a forward pass per "
-        "proposal step always. Not for `rule: exchange_global`.",
+        "proposal step always.",
         allowed="bool",
     )
     max_frozen_steps: int | None = option(
@@ -771,14 +753,6 @@ class SamplerConfig(Section):
 class OptimizerConfig(Section):
     prefix = "optimizer."
 
-    method: str = option(
-        "auto",
-        choice(*METHODS),
-        doc="The update: stochastic reconfiguration (`sr`), its kernel form (`minsr`: the same "
-        "update from a samples × samples solve), or `adam`. `auto`: `sr` or `minsr`, whichever "
-        "matrix is smaller.",
-        allowed="`auto` | `sr` | `minsr` | `adam`",
-    )
     lr: Any = option(
         0.01,
         schedule(positive=True),
@@ -816,7 +790,7 @@ class OptimizerConfig(Section):
         doc="SPRING (Goldshlager, Abrahamsen & Lin 2024): the natural gradient is regularised "
         "towards this × the last direction instead of towards zero, so what one step's samples "
         "barely resolve is averaged over steps (results/history/accuracy_notes.md). Needs "
-        "`diag_shift` > 0; not with `adam`. null: plain SR / minSR.",
+        "`diag_shift` > 0. null: plain SR / minSR.",
         allowed="float in [0, 0.999], or null",
     )
     anneal_from: dict | None = option(
@@ -1177,6 +1151,9 @@ RETIRED_KEYS = {
     "sampler.compile": False,
     "sampler.sum_over_orbits": True,
     "model.head_init_std": 0.1,
+    "sampler.rule": "auto",
+    "sampler.sweep_size": None,
+    "optimizer.method": "auto",
 }
 # Retired keys whose lever was adopted, or is chosen for the run: what vitqs does instead
 RETIRED_BECAUSE = {
@@ -1184,6 +1161,12 @@ RETIRED_BECAUSE = {
     "budget of 600 s or more (build.compiled_chains)",
     "sampler.sum_over_orbits": "a full sum always sums over the orbits of the model's symmetries",
     "model.head_init_std": "the head's output weights always start at std 0.1 (models/vit.py)",
+    "sampler.rule": "the move follows the model: a spin exchange along the Hamiltonian's bonds "
+    "for spins, a boson hop for bosons (vmc/rules.py)",
+    "sampler.sweep_size": "a chain makes one proposal per site between kept samples; set "
+    "sampler.n_discard for longer thermalisation",
+    "optimizer.method": "the update is SR or its kernel form minSR, whichever matrix is smaller "
+    "(the same update); Adam was removed",
 }
 
 
@@ -1601,11 +1584,6 @@ def _check_momentum(cfg: OptimizerConfig) -> None:
     """SPRING's memory is the diagonal shift: with λ = 0 the last direction is forgotten."""
     if not cfg.momentum:
         return
-    if cfg.method == "adam":
-        raise ConfigError(
-            f"optimizer.momentum={cfg.momentum} is SPRING's, for the natural gradient; "
-            "optimizer.method=adam has its own moments (set optimizer.momentum: null)"
-        )
     if not all(schedule_values(cfg.diag_shift)):
         raise ConfigError(
             f"optimizer.diag_shift={cfg.diag_shift} must be > 0 with optimizer.momentum="

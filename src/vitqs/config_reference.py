@@ -243,15 +243,17 @@ def _retired() -> list[str]:
     lines = [
         "## Retired keys",
         "",
-        "Levers that were measured and not adopted (issue 51; results/history/ keeps the "
-        "measurements). A config, or an older results file, that "
-        "holds the value which left one off still reads, the key dropped; any other value is "
-        "refused with one line.",
+        "Levers that were measured and not adopted, and choices vitqs now makes itself "
+        "(issue 51; results/history/ keeps the measurements). A config, or an older results "
+        "file, that holds the value which left one off still reads, the key dropped; any other "
+        "value is refused with one line that says why.",
         "",
-        "| key | the value that left it off |",
-        "| --- | --- |",
+        "| key | the value that left it off | what vitqs does instead |",
+        "| --- | --- | --- |",
     ]
-    lines += [f"| `{key}` | `{yaml_value(off)}` |" for key, off in config.RETIRED_KEYS.items()]
+    for key, off in config.RETIRED_KEYS.items():
+        instead = config.RETIRED_BECAUSE.get(key, "nothing: the lever was removed")
+        lines.append(f"| `{key}` | `{yaml_value(off)}` | {instead} |")
     legacy = "; ".join(
         f"`optimizer.{name}` with `{name}_final` and `{name}_schedule`"
         for name in config._LEGACY_SCHEDULES

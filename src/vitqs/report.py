@@ -30,7 +30,7 @@ from vitqs.physics.lanczos import spectral_weights
 from vitqs.physics.symmetry import ground_state_sector
 from vitqs.plots import plot_run
 from vitqs.results import SUMMARY_COLUMNS, ResultsError, read_results, summary_row
-from vitqs.vmc.driver import final_estimate
+from vitqs.vmc.driver import final_estimate, last_good_parameters
 from vitqs.vmc.exact_sampler import ExactSampler
 from vitqs.vmc.sr import set_parameter_vector
 from vitqs.workfile import is_being_written
@@ -224,8 +224,9 @@ def state_energy(path: Path, max_dim: int, symmetrize: str | None = None) -> dic
         "relative_error": (energy - exact) / abs(exact),
     }
     vmc_state = state.get("vmc") or {}
-    if vmc_state.get("average") is not None and vmc_state.get("last_good") is not None:
-        last = enumerated_energy(config, hamiltonian, state["model"], vmc_state["last_good"][0])
+    theta_last = last_good_parameters(vmc_state)
+    if vmc_state.get("average") is not None and theta_last is not None:
+        last = enumerated_energy(config, hamiltonian, state["model"], theta_last)
         row["last_iterate_relative_error"] = (last - exact) / abs(exact)
     return row
 

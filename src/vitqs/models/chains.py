@@ -11,9 +11,8 @@ Two choices make it:
   says it pays): a float32 copy of a float64 network (forward passes 1.5-3x cheaper on CPU).
   Compiled chains on CUDA take that copy's forward passes through ``torch.compile``
   (`compiled.compile_passes`); on the CPU the sampler compiles whole Metropolis steps
-  instead (`vmc/compiled_sweep.py`), and a pass it runs outside them (a sector table, a
-  global exchange) stays eager. The kept samples' log ψ always
-  come from the model itself.
+  instead (`vmc/compiled_sweep.py`), and a pass it runs outside them (a sector table)
+  stays eager. The kept samples' log ψ always come from the model itself.
 """
 
 from __future__ import annotations

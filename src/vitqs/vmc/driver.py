@@ -1,7 +1,7 @@
 """The variational Monte Carlo loop, as a generator of step results; no I/O inside.
 
 Each step: sample ``|ψ|²`` → local energies → statistics → log-derivatives → SR / minSR
-solve (or Adam) → ``θ ← θ − η g``. The loop owns what changes between steps (progress,
+solve → ``θ ← θ − η g``. The loop owns what changes between steps (progress,
 budget, annealing); loggers, checkpoints, signals and progress bars live
 outside, as callbacks of `VMC.run` (`vitqs.vmc.callbacks`, `vitqs.runner`).
 
@@ -11,7 +11,7 @@ from a state the last update broke, as heavy tails of the local energy do), undo
 previous update (the parameters return to where the energy was last sane); one whose
 update, its length, or the parameters it would give, is not finite (a singular or NaN S
 solves to NaN; lr 1e300 overflows) is not applied; the step is then retried with the
-diagonal shift ×10 per failure (Adam: the learning rate ÷10). After ``max_retries``
+diagonal shift ×10 per failure. After ``max_retries``
 consecutive failures the run stops with `NonFiniteEnergyError`.
 """
 
@@ -29,11 +29,10 @@ from vitqs.config import OptimizerConfig, SamplerConfig, steps_of
 from vitqs.distributed import agree_all, agree_max, broadcast_from_root, reduce_sum
 from vitqs.models.precision import NetworkCopy
 from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
-from vitqs.vmc.optimizers import Adam, Schedule
+from vitqs.vmc.optimizers import Schedule
 from vitqs.vmc.samples import Samples
 from vitqs.vmc.sr import (
     chosen_solve,
-    energy_gradient,
     log_derivatives,
     natural_gradient,
     parameter_vector,
@@ -75,7 +74,7 @@ class StepResult:
         lr, diag_shift: values used (after any NaN-guard raise).
         n_retries: non-finite attempts before this one succeeded.
         timings: seconds per phase: ``sampling``, ``local_energy``, ``jacobian``, ``solve``.
-        method: the solve that ran: ``sr``, ``minsr`` (``auto`` resolved) or ``adam``.
+        method: the solve that ran: ``sr`` or ``minsr``, whichever matrix was smaller.
         anneal_fraction: how far along ``optimizer.anneal_from``'s path the Hamiltonian of
             the step lies (1: the target).
     """
@@ -151,7 +150,6 @@ class VMC:
         # a schedule is the value: asked for the step's lr and diagonal shift
         self.lr = Schedule.of(self.optimizer.lr, self.n_steps)
         self.diag_shift = Schedule.of(self.optimizer.diag_shift, self.n_steps)
-        self.adam = Adam() if self.optimizer.method == "adam" else None
         self.anneal = anneal
         self.step_hamiltonian, self.anneal_fraction = hamiltonian, 1.0  # what the steps optimise
         self.step_count = 0
@@ -243,20 +241,16 @@ class VMC:
             self._undo_last_update()
             return None
         lr, diag_shift = self._hyperparameters(boost)
-        theta, adam_before = parameter_vector(self.model), _copy_state(self.adam)
+        theta = parameter_vector(self.model)
         update, method = self._update(samples, e_loc, diag_shift, timings)
         if not bool(torch.isfinite(update).all()):
-            if adam_before is not None:
-                self.adam.load_state_dict(adam_before)
             return None  # nothing applied
         step = lr * update
         update_norm = float(step.norm())
         # a finite step whose length overflows (lr 1e300), or one that overflows θ
         if not math.isfinite(update_norm) or not bool(torch.isfinite(theta - step).all()):
-            if adam_before is not None:
-                self.adam.load_state_dict(adam_before)
             return None
-        self._last_good = (theta, adam_before)
+        self._last_good = theta
         if self.optimizer.momentum:
             self._direction_before, self._direction = self._direction, update
         self._add_to_average(theta)  # θ whose energy was just measured finite
@@ -297,8 +291,6 @@ class VMC:
         progress = self.budget_progress()
         lr = self.lr(self.step_count, progress)
         diag_shift = self.diag_shift(self.step_count, progress)
-        if self.adam is not None:
-            return lr / boost, diag_shift
         return lr, diag_shift * boost
 
     def _update(self, samples: Samples, e_loc, diag_shift, timings) -> tuple[torch.Tensor, str]:
@@ -317,19 +309,16 @@ class VMC:
         jac = log_derivatives(self.model, x, self.chunk_size)  # (N_s, P)
         timings["jacobian"] = _lap(start)
         start = time.perf_counter()
-        if self.adam is None:
-            method = chosen_solve(self.optimizer.method, jac)
-            update = natural_gradient(
-                jac,
-                e_loc,
-                diag_shift=diag_shift,
-                weights=weights,
-                method=method,
-                momentum=self.optimizer.momentum or 0.0,
-                previous=self._direction,
-            )
-        else:
-            method, update = "adam", self.adam.direction(energy_gradient(jac, e_loc, weights))
+        method = chosen_solve("auto", jac)
+        update = natural_gradient(
+            jac,
+            e_loc,
+            diag_shift=diag_shift,
+            weights=weights,
+            method=method,
+            momentum=self.optimizer.momentum or 0.0,
+            previous=self._direction,
+        )
         timings["solve"] = _lap(start)
         # every rank solved the same system; rank 0's answer keeps the parameters equal
         # on all ranks even where rounding differs between them
@@ -338,17 +327,13 @@ class VMC:
     def _undo_last_update(self):
         if self._last_good is None:
             return
-        theta, adam_state = self._last_good
-        set_parameter_vector(self.model, theta)
+        set_parameter_vector(self.model, self._last_good)
         self._direction = self._direction_before
-        if adam_state is not None:
-            self.adam.load_state_dict(adam_state)
 
     def state_dict(self) -> dict:
-        """Returns the step counter, Adam moments and last good state, for checkpoints."""
+        """Returns the step counter and last good state, for checkpoints."""
         return {
             "step": self.step_count,
-            "adam": _copy_state(self.adam),
             "last_energy": self._last_energy,
             "last_good": self._last_good,
             "average": self._average,
@@ -361,37 +346,40 @@ class VMC:
         checkpoint read from a file is data anyone may have written)."""
         _check_state(state, parameter_vector(self.model).shape)
         self.step_count = int(state["step"])
-        if state.get("adam") is not None and self.adam is not None:
-            self.adam.load_state_dict(state["adam"])
         self._last_energy = state.get("last_energy")
-        self._last_good = state.get("last_good")
+        self._last_good = last_good_parameters(state)
         self._average = state.get("average")
         self._direction = state.get("direction")
         self._direction_before = state.get("direction_before")
 
 
+def last_good_parameters(state: dict) -> torch.Tensor | None:
+    """Returns the parameters a checkpoint's VMC state last measured sane, or None; files
+    written before Adam was removed (issue 51) keep them as ``(θ, None)``."""
+    last_good = state.get("last_good")
+    return last_good[0] if isinstance(last_good, tuple) else last_good
+
+
 def _check_state(state: dict, n_params: torch.Size) -> None:
-    """Raises ValueError unless ``state`` has the types and shapes `VMC.state_dict` gives."""
+    """Raises ValueError unless ``state`` has the types and shapes `VMC.state_dict` gives
+    (or gave before Adam was removed, without Adam's moments)."""
 
     def vector(value) -> bool:
         return isinstance(value, torch.Tensor) and value.shape == n_params
 
-    def adam(value) -> bool:
-        keys = {"step", "m", "v", "betas", "eps"}
-        return value is None or (isinstance(value, dict) and keys <= set(value))
-
     step, last_good, average = state.get("step"), state.get("last_good"), state.get("average")
     checks = {
         "step": isinstance(step, int) and step >= 0,
-        "adam": adam(state.get("adam")),
+        "adam": state.get("adam") is None,  # an Adam run's moments: no update takes them now
         "last_energy": state.get("last_energy") is None
         or isinstance(state.get("last_energy"), float),
         "last_good": last_good is None
+        or vector(last_good)
         or (
             isinstance(last_good, tuple)
             and len(last_good) == 2
             and vector(last_good[0])
-            and adam(last_good[1])
+            and last_good[1] is None
         ),
         "average": average is None
         or (
@@ -458,10 +446,3 @@ def _lap(start: float) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter() - start
-
-
-def _copy_state(adam: Adam | None) -> dict | None:
-    if adam is None:
-        return None
-    state = adam.state_dict()
-    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}

@@ -1,5 +1,4 @@
-"""How the parameters move besides the natural gradient: schedules of a value over the run,
-and Adam's moments.
+"""How the parameters move besides the natural gradient: schedules of a value over the run.
 
 A `Schedule` is the value: the loop asks it for the learning rate or the diagonal shift at
 each step (``optimizer.lr`` and ``diag_shift``: a number, or ``{schedule, start, end}``),
@@ -10,8 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
 
 from vitqs.config import SCHEDULES
 
@@ -64,34 +61,3 @@ class Schedule:
         if self.kind == "exponential":
             return float(self.initial * (self.final / self.initial) ** t)
         return float(self.final + (self.initial - self.final) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
-# ---------------------------------------------------------------------- Adam
-class Adam:
-    """Adam moments (Kingma & Ba, 2015): `direction` gives ``m̂ / (√v̂ + eps)``; apply
-    ``θ ← θ − η · direction(∂E/∂θ)``."""
-
-    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.betas, self.eps = tuple(betas), float(eps)
-        self.step = 0
-        self.m: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
-
-    def direction(self, grad: torch.Tensor) -> torch.Tensor:
-        """Returns the bias-corrected Adam direction ``(P,)`` and advances the moments."""
-        b1, b2 = self.betas
-        if self.m is None:
-            self.m, self.v = torch.zeros_like(grad), torch.zeros_like(grad)
-        self.step += 1
-        self.m = b1 * self.m + (1 - b1) * grad
-        self.v = b2 * self.v + (1 - b2) * grad**2
-        m_hat = self.m / (1 - b1**self.step)
-        v_hat = self.v / (1 - b2**self.step)
-        return m_hat / (v_hat.sqrt() + self.eps)
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "m": self.m, "v": self.v, "betas": self.betas, "eps": self.eps}
-
-    def load_state_dict(self, state: dict):
-        self.step, self.m, self.v = int(state["step"]), state["m"], state["v"]
-        self.betas, self.eps = tuple(state["betas"]), float(state["eps"])

@@ -5,14 +5,14 @@ conserves the sector, so a move ``x → x'`` is accepted with ``min(1, |ψ(x')/�
 
 - `Exchange`: pick a bond uniformly (the neighbour orders the Hamiltonian couples: order 1,
   plus order 2 when ``J2 ≠ 0``) and swap its two spins; equal spins make a rejected move.
-- `GlobalExchange`: swap a uniformly chosen up spin with a uniformly chosen down spin.
 - `Hop`: pick an order-1 bond and a direction uniformly and move one boson along it; an empty
   source or a full target (``n_max``) makes a rejected move.
 
 A step of the chains draws, per chain, one move index below ``n_moves`` and asks the rule to
 `propose` it; a rule with a move table also maps the whole sector for the table walk
-(`sector_walk`, `SectorMoves`). `proposal_rule` builds the rule a config names (``auto``:
-exchange for spins, hop for bosons).
+(`sector_walk`, `SectorMoves`). `proposal_rule` builds the rule of a Hamiltonian: exchange
+for spins, hop for bosons. (A global exchange of any up-down pair was removed at issue 51:
+no shipped run chose it over the bond exchange.)
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vitqs.config import BOSON_RULES, RULES, SPIN_RULES
 from vitqs.physics.hilbert import SpinHalf
 from vitqs.vmc.sector_walk import SectorMoves, apply_moves, sector_moves
 
@@ -62,56 +61,19 @@ class Hop(BondRule):
     name = "hop"
 
 
-class GlobalExchange:
-    """Swaps a uniformly chosen up spin with a uniformly chosen down spin: the argmax of iid
-    uniform keys over a set picks a uniform member, and the up and down sets are disjoint,
-    so the two picks are independent, with probability ``1/(n_up n_down)`` both ways."""
-
-    name = "exchange_global"
-    n_moves = 1  # the chains' draws are unused: the rule draws its own pair
-
-    def __init__(self, hilbert):
-        self.has_pair = 0 < hilbert.n_up < hilbert.n_sites
-
-    def propose(self, x: torch.Tensor, pick: torch.Tensor, generator=None):
-        keys = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float64)
-        up = keys.masked_fill(x < 0, -1.0).argmax(dim=1, keepdim=True)  # (C, 1)
-        down = keys.masked_fill(x > 0, -1.0).argmax(dim=1, keepdim=True)
-        x_new = x.scatter(1, up, -1.0).scatter_(1, down, 1.0)
-        valid = torch.full((x.shape[0],), self.has_pair, dtype=torch.bool, device=x.device)
-        return x_new, valid
-
-    def sector_moves(self, hilbert) -> None:
-        """None: a pair of every up and every down spin is no table the walk can use."""
-        return None
-
-
-def proposal_rule(rule: str, hamiltonian):
-    """Returns the rule ``sampler.rule`` names for ``hamiltonian`` (its sector and bonds);
-    ValueError naming the key for one that does not apply."""
+def proposal_rule(hamiltonian) -> BondRule:
+    """Returns the rule of ``hamiltonian`` (its sector and bonds): `Exchange` along the bonds
+    it couples for spins, `Hop` in both directions along the nearest-neighbour bonds for
+    bosons; ValueError for a lattice without bonds."""
     hilbert, lattice = hamiltonian.hilbert, hamiltonian.lattice
-    if rule not in RULES:
-        raise ValueError(f"sampler.rule={rule!r} is not one of {list(RULES)}")
     is_spin = isinstance(hilbert, SpinHalf)
-    allowed = SPIN_RULES if is_spin else BOSON_RULES
-    if rule == "auto":
-        rule = allowed[0]
-    if rule not in allowed:
-        kind = "spin" if is_spin else "boson"
-        raise ValueError(
-            f"sampler.rule={rule!r} does not apply to a {kind} model; use {list(allowed)}"
-        )
-    if rule == "exchange_global":
-        return GlobalExchange(hilbert)
     bonds = lattice.bonds(1)
-    if rule == "exchange" and getattr(hamiltonian, "J2", 0.0) != 0.0:
+    if is_spin and getattr(hamiltonian, "J2", 0.0) != 0.0:
         bonds = np.concatenate([bonds, lattice.bonds(2)])
-    if rule == "hop":
-        bonds = np.concatenate([bonds, bonds[:, ::-1]])  # both directions
     if len(bonds) == 0:
         raise ValueError(
-            f"sampler.rule={rule!r} needs lattice bonds; shape={list(lattice.shape)} has none"
+            f"lattice.shape={list(lattice.shape)} has no bonds for the Metropolis moves to follow"
         )
-    if rule == "hop":
-        return Hop(bonds, getattr(hilbert, "n_max", None))
-    return Exchange(bonds)
+    if is_spin:
+        return Exchange(bonds)
+    return Hop(np.concatenate([bonds, bonds[:, ::-1]]), getattr(hilbert, "n_max", None))

@@ -7,7 +7,7 @@ every sample carries the importance weight ``|ψ|^(2−p)``, so estimates stay t
 (`Samples.log_importance`): a peaked ``|ψ|²``, such as a Mott insulator's (61% of the
 samples on one configuration), is sampled more evenly with p < 2.
 
-The moves are a `rules` object (exchange, global exchange, hop). The network the chains sample
+The moves are a `rules` object (exchange for spins, hop for bosons). The network the chains sample
 and the copy that evaluates it (float32, compiled; the bare network under a symmetry average)
 come from a chain network built once with the sampler (`models.chains.ChainNetwork`,
 `build.build_sampler`): the chains of a float32 copy sample ``|ψ|²`` of that copy, whose
@@ -62,8 +62,8 @@ class MetropolisSampler(ChainState, Sampler):
         sweep_size: proposals per chain between kept samples; default ``n_sites``.
         n_discard: thermalisation sweeps per chain at the start of every call (after each
             parameter update).
-        rule: ``auto`` | ``exchange`` | ``exchange_global`` | ``hop`` (`rules.proposal_rule`),
-            or a rule object of `rules`.
+        rule: the proposal rule, an object of `rules`; None: the Hamiltonian's
+            (`rules.proposal_rule`: exchange for spins, hop for bosons).
         seed: seeds the sampler's ``torch.Generator`` (chain initialisation and moves).
         chains: which network the chains sample and which copy evaluates it
             (`models.chains.ChainNetwork`: float32, compiled, bare under a symmetry
@@ -82,9 +82,9 @@ class MetropolisSampler(ChainState, Sampler):
         *,
         n_samples: int = SamplerConfig.n_samples,
         n_chains: int = SamplerConfig.n_chains,
-        sweep_size: int | None = SamplerConfig.sweep_size,
+        sweep_size: int | None = None,
         n_discard: int = SamplerConfig.n_discard,
-        rule=SamplerConfig.rule,
+        rule=None,
         seed: int = 0,
         chains=None,
         machine_pow: float = SamplerConfig.machine_pow,
@@ -104,7 +104,7 @@ class MetropolisSampler(ChainState, Sampler):
         self.set_n_samples(n_samples)
         self.sweep_size = self.n_sites if sweep_size is None else int(sweep_size)
         self.n_discard = int(n_discard)
-        self.rule = proposal_rule(rule, hamiltonian) if isinstance(rule, str) else rule
+        self.rule = proposal_rule(hamiltonian) if rule is None else rule
         self.seed = int(seed)
         self.chains = ModelItself() if chains is None else chains
         if not (math.isfinite(machine_pow) and machine_pow > 0):
@@ -359,7 +359,7 @@ class MetropolisSampler(ChainState, Sampler):
 
     def _propose(self, x: torch.Tensor, pick: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns proposed configurations ``(C, N)`` and whether each move is valid ``(C,)``:
-        chain c makes move ``pick[c]`` (``exchange_global`` draws its own pair)."""
+        chain c makes move ``pick[c]``."""
         return self.rule.propose(x, pick, self._generator)
 
     @staticmethod

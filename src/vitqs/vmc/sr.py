@@ -20,7 +20,7 @@ import torch
 from einops import rearrange
 from torch.func import functional_call, jacrev, vmap
 
-from vitqs.config import NATURAL_GRADIENTS, OptimizerConfig
+from vitqs.config import NATURAL_GRADIENTS
 from vitqs.distributed import gather_rows, rank, reduce_sum, total_count, world_size
 from vitqs.models import row_gradients
 from vitqs.vmc.estimators import sample_mean
@@ -201,7 +201,7 @@ def natural_gradient(
     *,
     diag_shift: float,
     weights: torch.Tensor | None = None,
-    method: str = OptimizerConfig.method,
+    method: str = "auto",
     momentum: float = 0.0,
     previous: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -317,7 +317,7 @@ def chosen_solve(method: str, jac: torch.Tensor) -> str:
     for the real log-derivatives of a positive ψ, distinct samples counted once)."""
     if method not in NATURAL_GRADIENTS:
         raise ValueError(
-            f"optimizer.method={method!r} is not a natural gradient; choose one of: "
+            f"method={method!r} is not a natural gradient; choose one of: "
             f"{' | '.join(NATURAL_GRADIENTS)}"
         )
     if method != "auto":
