@@ -77,7 +77,15 @@ def test_each_class_takes_its_measured_recipe():
     assert signed.model.positive and signed.model.symmetrize == "none"
     bosons = from_dict(_minimal(*DEFAULTS_TABLE["bose_hubbard_chain12"]))
     assert (bosons.model.embedding, bosons.model.jastrow) == ("onehot", True)
+    assert bosons.model.positive and bosons.sampler.machine_pow == 1.25
+    assert bosons.optimizer.lr == {"schedule": "cosine", "start": 0.05, "end": 0.002}
     assert bosons.final.symmetrize == "translations"
+    # hopping of the other sign (J < 0): no longer stoquastic on every lattice, so not positive
+    lattice, hamiltonian = DEFAULTS_TABLE["bose_hubbard_chain12"]
+    assert not from_dict(_minimal(lattice, {**hamiltonian, "J": -1.0})).model.positive
+    # a written model keeps the bosons' |ψ|^1.25 chains: they do not depend on the network
+    written = from_dict(_minimal(lattice, hamiltonian, model={"embedding": "onehot"}))
+    assert written.sampler.machine_pow == 1.25
     kagome = from_dict(_minimal(*DEFAULTS_TABLE["kagome_2x3"]))
     assert kagome.model.patch_size == 1 and kagome.final.symmetrize == "space_group"
     assert kagome.model.spin_flip == -1  # a singlet of 18 spins
