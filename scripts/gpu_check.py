@@ -66,6 +66,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -124,19 +125,23 @@ def _parse_args(argv=None):
 # Problems
 
 
-# a row's mode: the overrides it adds to its problem's config
+@dataclass(frozen=True)
+class Mode:
+    """A row's mode: the overrides it adds to its problem's config, and whether its chains
+    are compiled."""
+
+    overrides: tuple[str, ...] = ()
+    compiled: bool = True
+
+
 MODES = {
-    "eager": [],
-    "compiled": [],
+    "eager": Mode(compiled=False),
+    "compiled": Mode(),
     # netket's ViT as its peer runs it: one network, no average over translations or spin flip
-    "bare": ["model.symmetrize=none", "model.spin_flip=0"],
+    "bare": Mode(("model.symmetrize=none", "model.spin_flip=0")),
     # compiled chains and the local energies' amplitude ratios from a float32 copy
-    "float32": ["sampler.local_energy_dtype=float32"],
+    "float32": Mode(("sampler.local_energy_dtype=float32",)),
 }
-# whether a mode's chains are compiled (`time_steps`' compile_chains): as a run of 600 s or
-# more chooses them on CUDA (`build.compiled_chains`), but for the eager row; the bare row
-# is compared with netket's jitted sampler
-COMPILED = {"eager": False, "compiled": True, "bare": True, "float32": True}
 # samples per chunk of netket's local energies: the 10x10 unchunked asked jax for 73 GiB at
 # once and stopped on an H200 (139 GiB)
 NETKET_CHUNK = {"tutorial_10x10": 512}
@@ -153,7 +158,7 @@ def problem_config(problem: str, *, smoke: bool, mode: str = "eager"):
     from vitqs.yamlfile import apply_overrides, read_yaml
 
     data = read_yaml(ROOT / SIX_BY_SIX) if problem == "j1j2_6x6" else TUTORIAL_10X10
-    overrides = list(MODES[mode])
+    overrides = list(MODES[mode].overrides)
     overrides += [*TOY[problem], "device=cpu", "threads=1"] if smoke else ["device=cuda"]
     return from_dict(apply_overrides(data, overrides), default_name=problem)
 
@@ -191,7 +196,7 @@ def _child_ours(spec: dict) -> dict:
             config,
             n_warmup=spec["n_warmup"],
             n_iter=spec["n_iter"],
-            compile_chains=COMPILED[spec["mode"]],
+            compile_chains=MODES[spec["mode"]].compiled,
         )
     messages = list(dict.fromkeys(str(w.message) for w in caught))
     for message in messages:
