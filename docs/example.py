@@ -18,7 +18,7 @@ ring = {
     "threads": 1,
     "lattice": {"shape": [8], "pbc": True},
     "hamiltonian": {"kind": "heisenberg", "J1": 1.0, "sign_rule": True},
-    "model": {"kind": "vit", "patch_size": 2, "d_model": 8, "heads": 2, "layers": 1},
+    "model": {"patch_size": 2, "d_model": 8, "heads": 2, "layers": 1},
     "sampler": {"n_samples": 256, "n_chains": 32},
     "optimizer": {"lr": 0.05, "n_iter": 60},
     "final": {"n_samples": 4096},

@@ -39,8 +39,8 @@ def sampling_seconds(sampler, model, repeats: int) -> float:
 def real_parts(network):
     """Returns ``x -> (Re log ψ, Im log ψ)`` of ``network``'s single pass, no complex op:
     patches, encoder blocks and the head's `LogCoshHead.parts`. A network with more than
-    these (position embedding, Jastrow factor, sign prior, a positive head) is refused."""
-    extras = (network.position, network.jastrow, network.sign_sites)
+    these (Jastrow factor, sign prior, a positive head) is refused."""
+    extras = (network.jastrow, network.sign_sites)
     if any(extra is not None for extra in extras) or network.head.positive:
         raise SystemExit("--real-parts: only a ViT of patches, blocks and a complex head")
 

@@ -82,9 +82,9 @@ def netket_options(config) -> dict:
     from vitqs.config import schedule_values  # after _limit_threads: vitqs loads torch
 
     model, sampler, opt = config.model, config.sampler, config.optimizer
-    if model.kind != "vit" or model.attention != "factored" or not model.translation_invariant:
+    if not model.translation_invariant:
         raise ValueError(
-            "the netket peer is the factored translation-invariant ViT: model.kind=vit"
+            "the netket peer is the translation-invariant ViT: model.translation_invariant=true"
         )
     patch = model.patch_size
     patch = patch[0] if isinstance(patch, list) else patch

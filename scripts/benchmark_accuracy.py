@@ -64,7 +64,6 @@ SYSTEMS = (
 # The Bose-Hubbard ablation: one base config, one override set per model variant.
 ABLATION_BASE = "bose_hubbard_chain12_U3.3"
 ABLATION = {
-    "simple_vit (seed design)": {"model.kind": "simple_vit", "model.jastrow": False},
     "ViT, linear embedding": {"model.embedding": "linear", "model.jastrow": False},
     "ViT, onehot": {"model.embedding": "onehot", "model.jastrow": False},
     "ViT, linear + Jastrow": {"model.embedding": "linear", "model.jastrow": True},
@@ -267,13 +266,9 @@ def _averaged(average_from) -> str:
 
 def describe_model(model: dict) -> str:
     """Returns e.g. ``vit 2L d16 h4 p2 onehot+J+T`` for a model config."""
-    if model["kind"] == "jastrow":
-        return "jastrow"
-    text = f"{model['kind']} d{model['d_model']} h{model['heads']} p{model['patch_size']}"
-    if model["kind"] == "vit":
-        text = f"vit {model['layers']}L " + text[4:] + f" {model['embedding']}"
-        text += "+Jastrow" if model["jastrow"] else ""
-        text += ", ψ>0" if model.get("positive") else ""
+    text = f"vit {model['layers']}L d{model['d_model']} h{model['heads']} p{model['patch_size']}"
+    text += f" {model['embedding']}" + ("+Jastrow" if model["jastrow"] else "")
+    text += ", ψ>0" if model.get("positive") else ""
     text += {"translations": "+transl", "space_group": "+space group"}.get(model["symmetrize"], "")
     text += f"+flip{model['spin_flip']:+d}" if model["spin_flip"] else ""
     return text

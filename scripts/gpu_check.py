@@ -84,12 +84,10 @@ TUTORIAL_10X10 = {
     "lattice": {"shape": [10, 10], "pbc": True},
     "hamiltonian": {"kind": "heisenberg", "J1": 1.0, "J2": 0.5, "sign_rule": False, "total_sz": 0},
     "model": {
-        "kind": "vit",
         "patch_size": 2,
         "d_model": 60,
         "heads": 10,
         "layers": 4,
-        "attention": "factored",
         "translation_invariant": True,
     },
     # one sweep of 100 exchange moves (one a site) per chain and step, one sample per chain

@@ -34,7 +34,7 @@ TINY = {
     "threads": 1,
     "lattice": {"shape": [6], "pbc": True},
     "hamiltonian": {"kind": "heisenberg", "J1": 1.0, "sign_rule": True},
-    "model": {"kind": "vit", "patch_size": 2, "d_model": 8, "heads": 2, "layers": 1},
+    "model": {"patch_size": 2, "d_model": 8, "heads": 2, "layers": 1},
     "sampler": {"n_samples": 64, "n_chains": 16, "n_discard": 2},
     "optimizer": {"lr": 0.02, "n_iter": 20},
     "final": {"n_samples": 4096},

@@ -33,7 +33,7 @@ def tiny_heisenberg(out_dir, **sections) -> dict:
         "threads": 1,
         "lattice": {"shape": [6], "pbc": True},
         "hamiltonian": {"kind": "heisenberg", "J1": 1.0, "sign_rule": True},
-        "model": {"kind": "vit", "patch_size": 2, "d_model": 8, "heads": 2, "layers": 1},
+        "model": {"patch_size": 2, "d_model": 8, "heads": 2, "layers": 1},
         "sampler": {"n_samples": 64, "n_chains": 16, "n_discard": 2},
         "optimizer": {"lr": 0.02, "n_iter": 4},
         "final": {"n_samples": 128},
@@ -213,12 +213,10 @@ def random_bosons(n_states: int, n_sites: int, n_max: int = 2, seed: int = 0) ->
 def model_config(**overrides) -> ModelConfig:
     """Returns a small model config; keyword arguments replace its fields."""
     cfg = dict(
-        kind="vit",
         patch_size=2,
         d_model=8,
         heads=2,
         layers=1,
-        attention="factored",
         translation_invariant=True,
         embedding="linear",
         jastrow=False,

@@ -31,9 +31,9 @@ def _spins():
 
 
 def _bosons():
-    """Bosons hopping on a 3×3 torus, one-hot patches, full attention, ψ > 0."""
+    """Bosons hopping on a 3×3 torus, one-site patches, one-hot."""
     lattice = Lattice((3, 3))
-    vit = ViT((3, 3), 1, 8, 2, 1, attention="full", embedding="onehot", local_states=(0, 1, 2, 3))
+    vit = ViT((3, 3), 1, 8, 2, 1, embedding="onehot", local_states=(0, 1, 2, 3))
     return BoseHubbard(lattice, U=4.0, n_particles=9, n_max=3), _randomised(vit, 5, 0.1), {}
 
 

@@ -37,7 +37,7 @@ def test_good_config_loads_with_defaults_and_name(tmp_path):
     config = load(path)
     assert config.name == "chain"  # the file's stem
     assert config.n_sites == 6
-    assert config.model.attention == "factored"  # a default from the dataclass
+    assert config.model.embedding == "linear"  # a default from the dataclass
     assert isinstance(config.hamiltonian, cfg.HeisenbergConfig)
     assert from_dict(config.to_dict()) == config  # the embedded config reloads to itself
 
@@ -74,7 +74,7 @@ BAD = {
     "type_real": (lambda d: d["hamiltonian"].update(J1=[1]), "hamiltonian.J1"),
     "real_nan": (lambda d: d["hamiltonian"].update(J1=".nan"), "hamiltonian.J1"),
     "real_huge_int": (lambda d: d["hamiltonian"].update(J2=10**400), "hamiltonian.J2"),
-    "choice": (lambda d: d["model"].update(attention="sparse"), "model.attention"),
+    "choice": (lambda d: d["model"].update(embedding="sparse"), "model.embedding"),
     "section_not_mapping": (lambda d: d.update(model=[1, 2]), "model"),
     "no_lattice": (lambda d: d.pop("lattice"), "lattice"),
     "no_hamiltonian": (lambda d: d.pop("hamiltonian"), "hamiltonian"),
@@ -199,9 +199,9 @@ BAD = {
         lambda d: (d["model"].update(positive=True), d["hamiltonian"].update(sign_rule=False)),
         "sign_rule=false",
     ),
-    "positive_simple_vit": (
-        lambda d: d["model"].update(positive=True, kind="simple_vit"),
-        "model.positive=true applies to model.kind='vit'",
+    "retired_kind": (
+        lambda d: d["model"].update(kind="jastrow"),
+        "model.kind='jastrow': the wave function is the ViT",
     ),
     "positive_bosons_negative_J": (
         lambda d: (

@@ -16,7 +16,6 @@ import inspect
 import pytest
 
 from vitqs import config as cfg
-from vitqs.models.simple_vit import SimpleViT
 from vitqs.models.symmetrize import final_symmetrized
 from vitqs.models.vit import ViT
 from vitqs.physics import exact
@@ -84,7 +83,6 @@ CONSTRUCTORS = [
                 "d_model",
                 "heads",
                 "layers",
-                "attention",
                 "translation_invariant",
                 "embedding",
                 "jastrow",
@@ -92,7 +90,6 @@ CONSTRUCTORS = [
             )
         },
     ),
-    (SimpleViT, cfg.ModelConfig, {k: k for k in ("patch_size", "d_model", "heads")}),
     (Heisenberg, cfg.HeisenbergConfig, {k: k for k in ("J1", "J2", "sign_rule", "total_sz")}),
     (BoseHubbard, cfg.BoseHubbardConfig, {k: k for k in ("J", "U", "mu", "n_max")}),
     (Lattice, cfg.LatticeConfig, {"pbc": "pbc"}),

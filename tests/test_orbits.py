@@ -9,7 +9,7 @@ from helpers import ComplexRBM, tiny_bose_hubbard, tiny_heisenberg, widen_head
 
 from vitqs import build, results
 from vitqs.config import ModelConfig, from_dict
-from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT, build_model, invariances
+from vitqs.models import Jastrow, Symmetrized, ViT, build_model, invariances
 from vitqs.models.symmetrize import coset_translations
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
@@ -98,7 +98,6 @@ def test_invariances_of_each_model_kind():
     translations, flip = invariances(_symmetric_vit(lattice, spin_flip=-1), lattice)
     assert len(translations) == 16 and flip == -1
     assert len(invariances(Symmetrized(vit, lattice.translations[:1], 1), lattice)[0]) == 4
-    assert len(invariances(SimpleViT(lattice.shape, 2, 8, 2).double(), lattice)[0]) == 1
     assert len(invariances(Jastrow(lattice.shape, True).double(), lattice)[0]) == 16
     assert len(invariances(vit, Lattice((4, 4), pbc=False))[0]) == 1
     # and each model is invariant under what it claims: the sampler's own check passes

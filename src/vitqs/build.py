@@ -98,8 +98,6 @@ def check_model_fits(config: Config, device: torch.device) -> None:
     until the machine ran out. Counted before anything is allocated, as a lower bound: a
     model refused here could never run; one let through may still not fit."""
     cfg = config.model
-    if cfg.kind not in ("vit", "simple_vit"):
-        return
     # every encoder block holds at least the attention's value and output projections
     n_params = cfg.layers * 2 * cfg.d_model**2
     rows = config.sampler.n_samples if config.sampler.kind == "metropolis" else 1
@@ -136,10 +134,10 @@ COMPILE_FROM_STEPS = 200  # on CUDA, without a budget
 
 
 def compiled_chains(config: Config, device: torch.device) -> bool:
-    """Returns whether the chains run compiled: a ViT's Metropolis chains in a run long
+    """Returns whether the chains run compiled: Metropolis chains in a run long
     enough to pay the compile back, a budget of `COMPILE_FROM_SECONDS` or more (on CUDA,
     without a budget, `COMPILE_FROM_STEPS` steps or more)."""
-    if config.model.kind != "vit" or config.sampler.kind != "metropolis":
+    if config.sampler.kind != "metropolis":
         return False
     if config.budget is not None:
         return config.budget >= COMPILE_FROM_SECONDS

@@ -319,14 +319,12 @@ def option(
 
 
 # ---- vocabularies: the values an option may take, written once --------------------------
-# The modules that implement the options read them here (the sampler its rules, sr its
-# solves, the models their kinds); nothing else spells them out.
+# The modules that implement the options read them here (sr its solves, the models their
+# embeddings); nothing else spells them out.
 
 SAMPLER_KINDS = ("metropolis", "full_sum")
 NATURAL_GRADIENTS = ("auto", "sr", "minsr")  # auto: the smaller of the two solves
 SCHEDULES = ("exponential", "cosine")  # besides a constant, which is a plain number
-MODEL_KINDS = ("vit", "simple_vit", "jastrow")
-ATTENTIONS = ("factored", "full")
 EMBEDDINGS = ("linear", "onehot")
 SYMMETRIZE = ("none", "translations", "space_group")
 SPIN_FLIPS = (0, 1, -1)  # the eigenvalue of spin inversion projected on (0: none)
@@ -500,13 +498,6 @@ class BoseHubbardConfig(Section):
 class ModelConfig(Section):
     prefix = "model."
 
-    kind: str = option(
-        "vit",
-        choice(*MODEL_KINDS),
-        doc="The wave function: the Vision Transformer (`models/vit.py`), the one-layer "
-        "baseline it grew from (`models/simple_vit.py`), or a two-body Jastrow.",
-        allowed="`vit` | `simple_vit` | `jastrow`",
-    )
     patch_size: Any = option(
         2,
         either(
@@ -524,13 +515,6 @@ class ModelConfig(Section):
     )
     heads: int = option(4, integer(1), doc="Attention heads.", allowed="int ≥ 1")
     layers: int = option(2, integer(1), doc="Encoder blocks.", allowed="int ≥ 1")
-    attention: str = option(
-        "factored",
-        choice(*ATTENTIONS),
-        doc="`factored`: attention weights that depend on the patches' positions only; "
-        "`full`: softmax(QKᵀ/√d)V.",
-        allowed="`factored` | `full`",
-    )
     translation_invariant: bool = option(
         True,
         boolean(),
@@ -1154,6 +1138,8 @@ RETIRED_KEYS = {
     "sampler.rule": "auto",
     "sampler.sweep_size": None,
     "optimizer.method": "auto",
+    "model.kind": "vit",
+    "model.attention": "factored",
 }
 # Retired keys whose lever was adopted, or is chosen for the run: what vitqs does instead
 RETIRED_BECAUSE = {
@@ -1167,6 +1153,10 @@ RETIRED_BECAUSE = {
     "sampler.n_discard for longer thermalisation",
     "optimizer.method": "the update is SR or its kernel form minSR, whichever matrix is smaller "
     "(the same update); Adam was removed",
+    "model.kind": "the wave function is the ViT (its seed design, a one-layer ViT, and a "
+    "Jastrow alone were removed; model.jastrow multiplies the ViT by one)",
+    "model.attention": "the attention is factored, weights of the patches' positions only "
+    "(softmax attention was removed)",
 }
 
 
@@ -1450,16 +1440,12 @@ def _check_sign_prior(config: Config) -> None:
     model, prior = config.model, config.model.sign_prior
     if prior == "none":
         return
-    if (
-        model.kind != "vit"
-        or model.positive
-        or not isinstance(config.hamiltonian, HeisenbergConfig)
-    ):
+    if model.positive or not isinstance(config.hamiltonian, HeisenbergConfig):
         raise ConfigError(
             f"model.sign_prior={prior} multiplies a complex ViT of spins by a sign: it needs "
-            f"model.kind=vit (got {model.kind}), model.positive=false (got "
-            f"{str(model.positive).lower()}) and hamiltonian.kind=heisenberg "
-            f"(got {config.hamiltonian.kind}); or set model.sign_prior=none"
+            f"model.positive=false (got {str(model.positive).lower()}) and "
+            f"hamiltonian.kind=heisenberg (got {config.hamiltonian.kind}); or set "
+            "model.sign_prior=none"
         )
     if prior != "stripes_x" and len(config.lattice.shape) == 1:
         raise ConfigError(
@@ -1525,11 +1511,6 @@ def _check_positive(model: ModelConfig, ham) -> None:
     """A positive ψ can only be right when every off-diagonal element of H is <= 0."""
     if not model.positive:
         return
-    if model.kind != "vit":
-        raise ConfigError(
-            f"model.positive=true applies to model.kind='vit' (a jastrow is positive already), "
-            f"got model.kind={model.kind!r}"
-        )
     if isinstance(ham, HeisenbergConfig):
         # in the sign-rule basis a J1 bond's exchange is -J1/2, a J2 bond's +J2/2
         stoquastic = (ham.J1 >= 0 if ham.sign_rule else ham.J1 <= 0) and ham.J2 <= 0

@@ -46,14 +46,7 @@ _ONE_CELL_PATCHES = ("honeycomb", "kagome")
 # lattices whose final projection was measured over the whole space group
 _SPACE_GROUP_FINAL = ("triangular", "honeycomb", "kagome", "ladder")
 
-_MODEL = {
-    "kind": "vit",
-    "d_model": 16,
-    "heads": 4,
-    "layers": 2,
-    "attention": "factored",
-    "translation_invariant": True,
-}
+_MODEL = {"d_model": 16, "heads": 4, "layers": 2, "translation_invariant": True}
 _SCHEDULES = {
     "lr": {"schedule": "cosine", "start": 0.05, "end": 0.002},
     "diag_shift": {"schedule": "exponential", "start": 1.0e-3, "end": 1.0e-4},

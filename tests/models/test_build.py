@@ -1,4 +1,4 @@
-"""build_model: every kind and option from a config, and clear errors for bad ones."""
+"""build_model: every option from a config, and clear errors for bad ones."""
 
 import itertools
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import CHAIN, SQUARE, model_config, random_bosons, random_spins
 
-from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT, build_model
+from vitqs.models import Symmetrized, ViT, build_model
 from vitqs.physics.hilbert import Bosons, SpinHalf
 from vitqs.physics.lattice import Lattice
 
@@ -16,21 +16,19 @@ BOSONS = Bosons(SQUARE.n_sites, SQUARE.n_sites, 2)
 
 
 @pytest.mark.parametrize(
-    ("kind", "attention", "embedding", "symmetrize"),
+    ("embedding", "symmetrize", "jastrow"),
     [
-        *itertools.product(["vit"], ["factored", "full"], ["linear", "onehot"], ["none"]),
-        ("vit", "factored", "onehot", "translations"),
-        ("simple_vit", "full", "linear", "none"),
-        ("jastrow", "factored", "linear", "translations"),
+        *itertools.product(["linear", "onehot"], ["none"], [False, True]),
+        ("onehot", "translations", True),
     ],
 )
 @pytest.mark.parametrize("bosons", [False, True], ids=["spins", "bosons"])
-def test_every_kind_builds_a_float64_model(kind, attention, embedding, symmetrize, bosons):
-    cfg = model_config(kind=kind, attention=attention, embedding=embedding, symmetrize=symmetrize)
+def test_every_option_builds_a_float64_vit(embedding, symmetrize, jastrow, bosons):
+    cfg = model_config(embedding=embedding, symmetrize=symmetrize, jastrow=jastrow)
     hilbert = BOSONS if bosons else SPINS
     model = build_model(cfg, SQUARE, hilbert)
     bare = model.model if isinstance(model, Symmetrized) else model
-    assert isinstance(bare, {"vit": ViT, "simple_vit": SimpleViT, "jastrow": Jastrow}[kind])
+    assert isinstance(bare, ViT) and (bare.jastrow is not None) == jastrow
     assert isinstance(model, Symmetrized) == (symmetrize == "translations")
     assert all(p.dtype == torch.float64 for p in model.parameters())
     x = random_bosons(3, 16) if bosons else random_spins(3, 16)
@@ -75,8 +73,6 @@ def test_spin_flip_alone_wraps_with_the_identity_only():
 @pytest.mark.parametrize(
     ("overrides", "hilbert", "message"),
     [
-        (dict(kind="rbm"), SPINS, r"model.kind='rbm'.*vit \| simple_vit \| jastrow"),
-        (dict(attention="sparse"), SPINS, r"model.attention='sparse'.*factored \| full"),
         (dict(embedding="conv"), SPINS, r"model.embedding='conv'.*linear \| onehot"),
         (
             dict(symmetrize="all"),
@@ -88,7 +84,6 @@ def test_spin_flip_alone_wraps_with_the_identity_only():
         (dict(spin_flip=1), SpinHalf(16, 1), r"model.spin_flip=1 needs .*total_sz=1.0"),
         (dict(patch_size=3), SPINS, r"model.patch_size=3 must divide lattice.shape=\[4, 4\]"),
         (dict(heads=3), SPINS, r"model.heads=3 must divide model.d_model=8"),
-        (dict(kind="simple_vit", jastrow=True), SPINS, r"model.jastrow=True .*'simple_vit'"),
     ],
 )
 def test_bad_options_are_clear_errors(overrides, hilbert, message):
@@ -100,6 +95,7 @@ def test_bad_options_are_clear_errors(overrides, hilbert, message):
 
 def test_open_lattice_jastrow_and_trivial_translations():
     lattice = Lattice((4, 4), pbc=False)
-    model = build_model(model_config(kind="jastrow", symmetrize="translations"), lattice, SPINS)
+    cfg = model_config(jastrow=True, translation_invariant=False, symmetrize="translations")
+    model = build_model(cfg, lattice, SPINS)
     assert model.translations.shape == (1, 16)
-    assert model.model.v.numel() == (7 * 7 - 1) // 2
+    assert model.model.jastrow.v.numel() == (7 * 7 - 1) // 2

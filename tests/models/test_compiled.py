@@ -28,15 +28,15 @@ NETWORKS = {
         ),
         lambda g, n: 2.0 * torch.randint(0, 2, (n, 12), generator=g).double() - 1.0,
     ),
-    # bosons on a square: softmax attention with a relative bias, one-hot patches, ψ > 0
-    "full attention, bosons": (
+    # bosons on a square: one-hot patches, not translation invariant, ψ > 0
+    "bosons": (
         lambda: ViT(
             (4, 4),
             patch_size=2,
             d_model=8,
             heads=2,
             layers=1,
-            attention="full",
+            translation_invariant=False,
             embedding="onehot",
             local_states=(0, 1, 2),
             positive=True,
@@ -82,7 +82,7 @@ def test_a_copy_of_a_compiled_network_runs_eager_until_compiled():
 
 
 def test_compile_needs_a_vit():
-    with pytest.raises(ValueError, match="compiled chains compile the vit model"):
+    with pytest.raises(ValueError, match="compiled chains compile a ViT's forward pass"):
         compile_passes(torch.nn.Linear(3, 1))
 
 

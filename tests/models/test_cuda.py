@@ -16,10 +16,8 @@ pytestmark = [
 @pytest.mark.parametrize(
     "overrides",
     [
-        dict(attention="factored", jastrow=True, symmetrize="translations", spin_flip=1),
-        dict(attention="full", translation_invariant=False, embedding="onehot"),
-        dict(attention="full", translation_invariant=True),
-        dict(kind="simple_vit"),
+        dict(jastrow=True, symmetrize="translations", spin_flip=1),
+        dict(translation_invariant=False, embedding="onehot"),
     ],
 )
 def test_cuda_equals_cpu(overrides):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import random_bosons, random_spins
 
-from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT
+from vitqs.models import Jastrow, Symmetrized, ViT
 from vitqs.physics.lattice import Lattice
 
 CHAIN = Lattice((4,))
@@ -30,11 +30,7 @@ def _perturbed(model):
 MODELS = {
     "vit-factored-ti": lambda: ViT(CHAIN.shape, 2, 4, 2, 1, jastrow=True),
     "vit-factored-2d": lambda: ViT(SQUARE.shape, 1, 4, 2, 1, translation_invariant=False),
-    "vit-full-ti": lambda: ViT(CHAIN.shape, 2, 4, 2, 1, attention="full"),
-    "vit-full-onehot": lambda: ViT(
-        CHAIN.shape, 2, 4, 2, 1, "full", False, "onehot", local_states=(0, 1, 2)
-    ),
-    "simple_vit": lambda: SimpleViT(CHAIN.shape, 2, 4, 2),
+    "vit-onehot": lambda: ViT(CHAIN.shape, 2, 4, 2, 1, False, "onehot", local_states=(0, 1, 2)),
     "jastrow": lambda: Jastrow(SQUARE.shape),
     "symmetrized": lambda: Symmetrized(
         ViT(CHAIN.shape, 2, 4, 1, 1, translation_invariant=False), CHAIN.translations, 1

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers import random_bosons, random_spins
 
-from vitqs.models import Jastrow, SimpleViT, Symmetrized, ViT, row_gradients
+from vitqs.models import Jastrow, Symmetrized, ViT, row_gradients
 from vitqs.models.row_gradients import covers
 from vitqs.models.symmetrize import space_group_average
 from vitqs.physics.lattice import Lattice
@@ -56,7 +56,7 @@ COVERED = {
         ),
         "bosons",
     ),
-    "vit-full-positions": (lambda: ViT(CHAIN.shape, 2, 4, 2, 1, "full", False), 6),
+    "vit-pair-weights": (lambda: ViT(CHAIN.shape, 2, 4, 2, 1, translation_invariant=False), 6),
     "vit-sign-prior": (lambda: ViT(SQUARE.shape, 2, 4, 2, 1, sign_sites=np.arange(8) % 2 == 1), 8),
     "vit-kagome-basis": (lambda: ViT(KAGOME.shape, 1, 4, 2, 1, n_basis=3), 6),
     "symmetrized-momentum-odd": (
@@ -113,8 +113,6 @@ def test_rows_route_in_chunks_equals_one_call():
 
 
 NOT_COVERED = {
-    "full-attention-relative-bias": lambda: ViT(CHAIN.shape, 2, 4, 2, 1, attention="full"),
-    "simple_vit": lambda: SimpleViT(CHAIN.shape, 2, 4, 2),
     "jastrow-alone": lambda: Jastrow(CHAIN.shape),
 }
 

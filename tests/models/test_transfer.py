@@ -100,7 +100,6 @@ def test_a_4x4_state_on_6x6_keeps_log_psi_of_configurations_periodic_with_the_pa
     [
         ({"translation_invariant": False}, "translation_invariant"),
         ({"jastrow": True}, "jastrow"),
-        ({"attention": "full"}, "attention=full"),
     ],
 )
 def test_what_depends_on_the_lattice_does_not_carry_over(kwargs, message):

@@ -14,17 +14,17 @@ from vitqs.models.vit import HEAD_INIT_STD, exact_gelu
 from vitqs.physics.lattice import Lattice
 from vitqs.vmc.sr import parameter_vector, set_parameter_vector
 
-OPTIONS = list(itertools.product(["factored", "full"], [True, False], ["linear", "onehot"]))
+OPTIONS = list(itertools.product([True, False], ["linear", "onehot"]))
 
 
 def _n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize(("attention", "translation_invariant", "embedding"), OPTIONS)
+@pytest.mark.parametrize(("translation_invariant", "embedding"), OPTIONS)
 @pytest.mark.parametrize("lattice", [CHAIN, SQUARE], ids=["chain", "square"])
-def test_spins_give_complex128_per_sample(lattice, attention, translation_invariant, embedding):
-    model = ViT(lattice.shape, 2, 8, 2, 2, attention, translation_invariant, embedding, (-1, 1))
+def test_spins_give_complex128_per_sample(lattice, translation_invariant, embedding):
+    model = ViT(lattice.shape, 2, 8, 2, 2, translation_invariant, embedding, (-1, 1))
     x = random_spins(5, lattice.n_sites)
     log_psi = model(x)
     assert log_psi.shape == (5,) and log_psi.dtype == torch.complex128
@@ -76,7 +76,7 @@ def test_initial_wave_function_is_near_uniform_with_a_spread_set_by_the_head_ini
     ids=["1d", "2d", "2d-rect"],
 )
 def test_factored_attention_weights_are_circulant_on_the_patch_lattice(shape, patch_size):
-    model = ViT(shape, patch_size, 8, 2, 1, attention="factored", translation_invariant=True)
+    model = ViT(shape, patch_size, 8, 2, 1, translation_invariant=True)
     alpha = model.blocks[0].attention.attention_weights().detach()  # (heads, i, j)
     grid = PatchGrid(shape, patch_size)
     px, py = grid.grid_extent
@@ -93,11 +93,10 @@ def test_factored_attention_weights_are_circulant_on_the_patch_lattice(shape, pa
     assert alpha[0].std() > 0
 
 
-@pytest.mark.parametrize("attention", ["factored", "full"])
 @pytest.mark.parametrize("lattice", [Lattice((8,)), Lattice((4, 4))], ids=["chain", "square"])
-def test_translation_invariant_vit_is_invariant_under_patch_translations(lattice, attention):
-    model = ViT(lattice.shape, 2, 8, 2, 2, attention=attention, translation_invariant=True)
-    # give the relative bias of full attention a value, so that it takes part in the check
+def test_translation_invariant_vit_is_invariant_under_patch_translations(lattice):
+    model = ViT(lattice.shape, 2, 8, 2, 2, translation_invariant=True)
+    # move every parameter off its initial value, so that all take part in the check
     for p in model.parameters():
         p.data.add_(0.1 * torch.randn_like(p))
     x = random_spins(4, lattice.n_sites)
@@ -110,26 +109,22 @@ def test_translation_invariant_vit_is_invariant_under_patch_translations(lattice
         torch.testing.assert_close(model(x[:, perm]), log_psi, rtol=0, atol=1e-12)
 
 
-def _vit_param_count(n_sites_patch, n_local, n_patches, d, heads, layers, attention, ti):
+def _vit_param_count(n_sites_patch, n_local, n_patches, d, heads, layers, ti):
     """Parameter count of ViT written out term by term."""
     embedding = n_sites_patch * n_local * d + d
-    if attention == "factored":
-        attn = d * d + (d * d + d) + heads * (n_patches if ti else n_patches**2)  # V, W_O, α
-    else:
-        attn = 3 * d * d + (d * d + d) + (heads * n_patches if ti else 0)  # QKV, W_O, bias
-    position = n_patches * d if attention == "full" and not ti else 0
+    attn = d * d + (d * d + d) + heads * (n_patches if ti else n_patches**2)  # V, W_O, α
     mlp = (d * 4 * d + 4 * d) + (4 * d * d + d)
     block = 2 * (2 * d) + attn + mlp  # two LayerNorms
     head = 2 * d + 2 * (d * d) + 2 * d  # LayerNorm, W_re, W_im, b_re, b_im (hidden = d)
-    return embedding + position + layers * block + head
+    return embedding + layers * block + head
 
 
-@pytest.mark.parametrize(("attention", "translation_invariant", "embedding"), OPTIONS)
-def test_parameter_count_matches_formula(attention, translation_invariant, embedding):
+@pytest.mark.parametrize(("translation_invariant", "embedding"), OPTIONS)
+def test_parameter_count_matches_formula(translation_invariant, embedding):
     d, heads, layers = 8, 2, 3
-    model = ViT((4, 6), 2, d, heads, layers, attention, translation_invariant, embedding, (0, 1, 2))
+    model = ViT((4, 6), 2, d, heads, layers, translation_invariant, embedding, (0, 1, 2))
     n_local = 3 if embedding == "onehot" else 1
-    expected = _vit_param_count(4, n_local, 6, d, heads, layers, attention, translation_invariant)
+    expected = _vit_param_count(4, n_local, 6, d, heads, layers, translation_invariant)
     assert _n_params(model) == expected
 
 
@@ -155,7 +150,6 @@ def test_jastrow_factor_adds_its_parameters():
     [
         (dict(patch_size=3), r"model.patch_size=3 must divide lattice.shape=\[4, 4\]"),
         (dict(heads=3), r"model.heads=3 must divide model.d_model=8"),
-        (dict(attention="linformer"), r"model.attention='linformer'.*\['factored', 'full'\]"),
         (dict(embedding="conv"), r"model.embedding='conv'.*\['linear', 'onehot'\]"),
         (dict(d_model=0), r"model.d_model=0 must be a positive integer"),
         (dict(layers=-1), r"model.layers=-1"),
@@ -233,12 +227,12 @@ def test_exact_gelu_is_torchs_gelu():
     torch.testing.assert_close(exact_gelu(x32), torch.nn.functional.gelu(x32), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("attention", "embedding"), [("factored", "linear"), ("full", "onehot")])
-def test_forward_without_gradients_in_batches_equals_the_autograd_forward(attention, embedding):
+@pytest.mark.parametrize("embedding", ["linear", "onehot"])
+def test_forward_without_gradients_in_batches_equals_the_autograd_forward(embedding):
     """Without gradients a large batch goes through the network in passes of
     `_rows_per_pass` configurations, with the MLP's hidden layer updated in place; with
     gradients in one pass through ``nn.Sequential``. Same log ψ (and so the same energies)."""
-    model = ViT(SQUARE.shape, 2, 8, 2, 2, attention, True, embedding, (-1, 1), jastrow=True)
+    model = ViT(SQUARE.shape, 2, 8, 2, 2, True, embedding, (-1, 1), jastrow=True)
     rows = model._rows_per_pass(torch.zeros((), dtype=torch.float64))
     x = random_spins(2 * rows + 3, SQUARE.n_sites)
     with torch.no_grad():

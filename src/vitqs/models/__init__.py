@@ -1,10 +1,10 @@
 """Neural-network wave functions: ``x (B, n_sites) → complex log ψ(x) (B,)``, real parameters.
 
-`vit` (the Vision Transformer: patches, attention blocks, a log-cosh head), `simple_vit`,
-`jastrow`, `attention`, `patching`, `symmetrize` (averages over lattice symmetries and spin
-inversion), `precision` (a network's float32 copy), `cache` (tensors derived from parameters,
-kept between forward passes without gradients) and `build` (`build_model` from the ``model``
-section).
+`vit` (the Vision Transformer: patches, attention blocks, a log-cosh head), `jastrow` (the
+ViT's two-body factor), `attention`, `patching`, `symmetrize` (averages over lattice
+symmetries and spin inversion), `precision` (a network's float32 copy), `cache` (tensors
+derived from parameters, kept between forward passes without gradients) and `build`
+(`build_model` from the ``model`` section).
 
 May import: torch, einops, numpy, the base (`config` for the option vocabulary and
 defaults) and, from `physics`, the symmetry generators of a lattice (`physics.symmetry`, for
@@ -14,7 +14,6 @@ with ``shape``, ``pbc`` and translation tables.
 
 from vitqs.models.build import build_model
 from vitqs.models.jastrow import Jastrow
-from vitqs.models.simple_vit import SimpleViT
 from vitqs.models.symmetrize import (
     Symmetrized,
     complex_logsumexp,
@@ -29,7 +28,6 @@ from vitqs.models.vit import ViT, log_cosh
 
 __all__ = [
     "ViT",
-    "SimpleViT",
     "Jastrow",
     "Symmetrized",
     "build_model",

@@ -1,10 +1,11 @@
-"""Multi-head attention over patches: factored (position-only weights) and full (softmax QKᵀ).
+"""Multi-head factored attention over patches: attention weights of the positions only.
 
-Both take patch vectors ``(batch, patch, d_model)`` and return the same shape; each head works
-on its own ``d_head = d_model / heads`` slice, and an output projection mixes the heads.
+The layer takes patch vectors ``(batch, patch, d_model)`` and returns the same shape; each head
+works on its own ``d_head = d_model / heads`` slice, and an output projection mixes the heads.
 With ``translation_invariant`` the position dependence is through the displacement
 ``r_i − r_j`` on the periodic patch lattice only, which makes the layer equivariant under
-translations of the patch lattice.
+translations of the patch lattice. (Full softmax attention, ``softmax(QKᵀ/√d)V``, was removed
+at issue 51: no shipped config chose it, and netket's ViT, the peer, is factored too.)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
-from einops import einsum, rearrange
+from einops import einsum
 from torch import nn
 
 from vitqs.models.cache import DerivedCache
@@ -105,55 +106,3 @@ class FactoredAttention(nn.Module):
         value = self.to_value(x).view(batch, n_patches, self.heads, d_model // self.heads)
         out = torch.einsum("hij,bjhk->bihk", self.attention_weights(), value)
         return self.to_out(out.reshape(batch, n_patches, d_model))
-
-
-class FullAttention(nn.Module):
-    """Returns standard multi-head self-attention ``W_O softmax(Q Kᵀ/√d_head + B) V``.
-
-    ``Q, K, V`` are linear maps of the patch vectors without bias (Vaswani et al., NeurIPS 2017).
-    With ``translation_invariant`` a learned per-head bias ``B^h_ij = b^h(r_i − r_j)``, periodic
-    on the patch lattice, is added to the logits (initialised at zero); otherwise ``B = 0`` and
-    the caller is expected to add absolute position embeddings.
-
-    Args:
-        grid: the patch lattice.
-        d_model: width of the patch vectors.
-        heads: number of heads; divides ``d_model``.
-        translation_invariant: add the relative-position bias.
-    """
-
-    def __init__(self, grid: PatchGrid, d_model: int, heads: int, translation_invariant: bool):
-        super().__init__()
-        self.heads = heads
-        self.d_head = d_model // heads
-        self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.to_out = nn.Linear(d_model, d_model)
-        zeros = torch.zeros(heads, grid.n_patches)
-        self.relative_bias = _RelativeTable(grid, zeros) if translation_invariant else None
-
-    def weights_and_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns softmax weights ``(batch, heads, i, j)`` and values ``(batch, heads, j, dh)``."""
-        q, k, v = rearrange(
-            self.to_qkv(x),
-            "batch i (qkv heads dh) -> qkv batch heads i dh",
-            qkv=3,
-            heads=self.heads,
-        )
-        logits = einsum(q, k, "batch heads i dh, batch heads j dh -> batch heads i j")
-        logits = logits / math.sqrt(self.d_head)
-        if self.relative_bias is not None:
-            logits = logits + self.relative_bias()
-        return logits.softmax(dim=-1), v
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, value = self.weights_and_values(x)
-        out = einsum(weights, value, "batch heads i j, batch heads j dh -> batch heads i dh")
-        return self.to_out(rearrange(out, "batch heads i dh -> batch i (heads dh)"))
-
-
-def make_attention(
-    kind: str, grid: PatchGrid, d_model: int, heads: int, translation_invariant: bool
-):
-    """Returns the attention layer named ``kind`` ("factored" or "full")."""
-    layer = {"factored": FactoredAttention, "full": FullAttention}[kind]
-    return layer(grid, d_model, heads, translation_invariant)

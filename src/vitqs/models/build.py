@@ -6,8 +6,6 @@ import numpy as np
 from torch import nn
 
 from vitqs.config import ModelConfig
-from vitqs.models.jastrow import Jastrow
-from vitqs.models.simple_vit import SimpleViT
 from vitqs.models.symmetrize import Symmetrized, momentum_translations, space_group_average
 from vitqs.models.vit import ViT
 
@@ -45,11 +43,6 @@ def build_model(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
 
 def _check_options(cfg: ModelConfig, hilbert) -> None:
     """Raises ValueError for option values that do not fit together or the Hilbert space."""
-    if cfg.jastrow and cfg.kind != "vit":
-        raise ValueError(
-            f"model.jastrow=True adds a Jastrow factor to model.kind='vit' only, "
-            f"got model.kind={cfg.kind!r}; use model.kind='jastrow' for a Jastrow alone"
-        )
     if cfg.spin_flip and (
         tuple(hilbert.local_states) != (-1, 1) or getattr(hilbert, "total_sz", None) != 0
     ):
@@ -61,25 +54,14 @@ def _check_options(cfg: ModelConfig, hilbert) -> None:
 
 
 def _build_bare(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
-    """Returns the unsymmetrized model of ``cfg.kind``."""
+    """Returns the unsymmetrized ViT."""
     patch_size = cfg.patch_size if np.ndim(cfg.patch_size) == 0 else tuple(cfg.patch_size)
-    if cfg.kind == "jastrow":
-        states = tuple(hilbert.local_states)
-        return Jastrow(
-            lattice.shape,
-            lattice.pbc,
-            local_states=states if len(states) > 2 else None,
-            n_basis=lattice.n_basis,
-        )
-    if cfg.kind == "simple_vit":
-        return SimpleViT(lattice.shape, patch_size, cfg.d_model, cfg.heads, lattice.n_basis)
     return ViT(
         lattice.shape,
         patch_size,
         cfg.d_model,
         cfg.heads,
         cfg.layers,
-        attention=cfg.attention,
         translation_invariant=cfg.translation_invariant,
         embedding=cfg.embedding,
         local_states=tuple(hilbert.local_states),

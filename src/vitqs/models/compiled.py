@@ -103,7 +103,6 @@ def compile_passes(network: torch.nn.Module) -> list[CompiledPass]:
             passes.append(module.compiled)
     if not passes:
         raise ValueError(
-            f"compiled chains compile the vit model's forward pass; "
-            f"{type(network).__name__} holds none (model.kind vit)"
+            f"compiled chains compile a ViT's forward pass; {type(network).__name__} holds none"
         )
     return passes

@@ -14,7 +14,6 @@ what the forward pass saw:
 - a ``LayerNorm`` ``y = γ x̂ + β``: ``∂/∂γ = Σ_t g_t x̂_t``, ``∂/∂β = Σ_t g_t``;
 - the factored attention's weights ``out_i = Σ_j α_ij v_j``: ``∂/∂α_ij = g_i · v_j`` per head,
   summed over the displacements a translation-invariant table ties together;
-- the position embedding: the gradient at the embedding's output;
 - the log-cosh head's four weights and biases: ``g ⊗ z`` with ``g`` the gradient at its
   pre-activations, from the head's own function on the recorded ``z``;
 - a Jastrow factor, linear in its couplings: forward-mode derivatives of the factor alone.
@@ -26,9 +25,8 @@ at the cost of one batched forward and two batched backward passes: 1.04-1.25x f
 ``vmap(jacrev)`` on one core (results/history/performance_notes.md), since that arithmetic,
 not the batching layer, is most of the cost.
 
-`row_log_derivatives` returns False for a model it does not cover (full attention with a
-relative bias, the simple ViT, a bare Jastrow, any parameter it does not recognise); the
-caller then differentiates sample by sample.
+`row_log_derivatives` returns False for a model it does not cover (a bare Jastrow, any
+parameter it does not recognise); the caller then differentiates sample by sample.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from torch import nn
 from torch.func import functional_call, jacfwd
 from torch.nn import functional as F
 
-from vitqs.models.attention import FactoredAttention, FullAttention
+from vitqs.models.attention import FactoredAttention
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.symmetrize import Symmetrized
 from vitqs.models.vit import LogCoshHead, ViT, log_cosh_parts
@@ -102,8 +100,6 @@ def _plan(vit: ViT) -> _Plan:
 def _make_plan(vit: ViT, ids: tuple[int, ...]) -> _Plan:
     recorded, attentions, params = [], [], []
     for module in vit.modules():
-        if isinstance(module, FullAttention) and module.relative_bias is not None:
-            continue  # a bias inside the softmax: not a product at a recorded output
         if isinstance(module, (nn.Linear, nn.LayerNorm)):
             params += [p for p in (module.weight, module.bias) if p is not None]
         elif isinstance(module, FactoredAttention):
@@ -117,8 +113,6 @@ def _make_plan(vit: ViT, ids: tuple[int, ...]) -> _Plan:
             params += list(module.parameters())
         if isinstance(module, (nn.Linear, nn.LayerNorm, LogCoshHead, Jastrow)):
             recorded.append(module)
-    if vit.position is not None:
-        params.append(vit.position)
     handled = frozenset(id(p) for p in params)
     return _Plan(tuple(recorded), tuple(attentions), handled, ids)
 
@@ -234,9 +228,6 @@ def _per_sample(vit: ViT, plan: _Plan, records, at_output, n_samples: int) -> di
             grads.update(_jastrow(module, inp, g, n_samples))
     for module in plan.attentions:
         grads[id(_attention_parameter(module))] = _attention(module, records, at_output, n_samples)
-    if vit.position is not None:
-        g = at_output[vit.embed.linear]  # h = embedding + position: the same gradient
-        grads[id(vit.position)] = g.reshape(n_samples, -1, *g.shape[1:]).sum(dim=1)
     return grads
 
 

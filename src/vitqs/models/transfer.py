@@ -56,9 +56,9 @@ def transfer_state(state: dict, model: nn.Module, source: PatchGrid) -> dict:
     every other entry as it is.
 
     Raises:
-        ValueError: when ``model`` has parameters tied to lattice positions (absolute
-            position embeddings: ``translation_invariant: false``; a Jastrow factor, whose
-            pair classes are the lattice's), softmax attention, or patches of another shape.
+        ValueError: when ``model`` has parameters tied to lattice positions (attention
+            weights per pair of patches: ``translation_invariant: false``; a Jastrow factor,
+            whose pair classes are the lattice's), or patches of another shape.
     """
     grid = getattr(model, "grid", None)
     if grid is None or getattr(model, "translation_period", None) is None:
@@ -75,11 +75,6 @@ def transfer_state(state: dict, model: nn.Module, source: PatchGrid) -> dict:
         raise ValueError(
             f"the patches differ ({list(source.patch_extent)} there, "
             f"{list(grid.patch_extent)} here): model.patch_size must be the same"
-        )
-    if any(name.endswith("relative_bias.table") for name, _ in model.named_parameters()):
-        raise ValueError(
-            "model.attention=full does not carry over to another lattice size (a softmax "
-            "over more patches weighs the old ones differently); use attention: factored"
         )
     tables = {name for name, _ in model.named_parameters() if name.endswith("relative.table")}
     out = dict(state)

@@ -1,8 +1,7 @@
 """Vision-Transformer wave function: patches → embedding → encoder blocks → complex log-cosh head.
 
 Architecture of Viteritti, Rende & Becca, PRL 130, 236401 (2023) and Rende et al.,
-Commun. Phys. 7, 260 (2024), with a selectable attention (factored or full softmax) and an
-optional Jastrow factor.
+Commun. Phys. 7, 260 (2024): factored attention, and an optional Jastrow factor.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from vitqs.config import ATTENTIONS, EMBEDDINGS, ModelConfig
+from vitqs.config import EMBEDDINGS, ModelConfig
 from vitqs.models._checks import check_choice, check_heads_divide, check_positive_int
-from vitqs.models.attention import make_attention
+from vitqs.models.attention import FactoredAttention
 from vitqs.models.jastrow import Jastrow
 from vitqs.models.patching import PatchGrid
 
@@ -32,8 +31,6 @@ HEAD_INIT_STD = 0.1
 # 128-512 and 29-31 µs at 2,048-4,096 (one core, results/history/performance_notes.md).
 ACTIVATION_BYTES = 2 * 2**20
 MIN_ROWS_PER_PASS = 64
-# Std of learned absolute position embeddings (full attention without translation invariance).
-POSITION_INIT_STD = 2e-2
 
 
 def log_cosh_parts(a: torch.Tensor, b: torch.Tensor | None = None):
@@ -183,12 +180,11 @@ class ViT(nn.Module):
     sample is processed on its own (LayerNorm only, no batch statistics).
 
     Pipeline: patches of ``patch_size`` sites (see ``PatchGrid``) → ``PatchEmbedding`` →
-    (absolute position embedding, only for ``attention="full"`` without translation
-    invariance, since the network would otherwise not know where a patch is) → ``layers``
-    ``EncoderBlock`` s → ``LogCoshHead`` with ``d_model`` hidden units → ``+ log J(x)`` if
-    ``jastrow`` (with an on-site table over ``local_states`` for occupations). With
-    ``translation_invariant`` the whole network is invariant under
-    translations of the lattice by whole patches; symmetrize for the remaining ones.
+    ``layers`` ``EncoderBlock`` s of factored attention (`attention.FactoredAttention`) →
+    ``LogCoshHead`` with ``d_model`` hidden units → ``+ log J(x)`` if ``jastrow`` (with an
+    on-site table over ``local_states`` for occupations). With ``translation_invariant`` the
+    whole network is invariant under translations of the lattice by whole patches; symmetrize
+    for the remaining ones.
 
     Args:
         lattice_shape: ``(L,)`` or ``(Lx, Ly)`` unit cells.
@@ -197,7 +193,6 @@ class ViT(nn.Module):
         d_model: width of the patch vectors.
         heads: attention heads; must divide ``d_model``.
         layers: number of encoder blocks.
-        attention: "factored" (position-only weights) or "full" (softmax QKᵀ).
         translation_invariant: relative-position attention on the periodic patch lattice.
         embedding: "linear" or "onehot" (over ``local_states``).
         local_states: the values a site can take, for the one-hot embedding.
@@ -219,7 +214,6 @@ class ViT(nn.Module):
         d_model: int = ModelConfig.d_model,
         heads: int = ModelConfig.heads,
         layers: int = ModelConfig.layers,
-        attention: str = ModelConfig.attention,
         translation_invariant: bool = ModelConfig.translation_invariant,
         embedding: str = ModelConfig.embedding,
         local_states: tuple = (-1, 1),
@@ -232,7 +226,6 @@ class ViT(nn.Module):
     ):
         super().__init__()
         self.positive = bool(positive)
-        check_choice("attention", attention, ATTENTIONS)
         check_choice("embedding", embedding, EMBEDDINGS)
         d_model = check_positive_int("d_model", d_model)
         heads = check_positive_int("heads", heads)
@@ -243,15 +236,9 @@ class ViT(nn.Module):
         # shifts (x, y) that leave log ψ unchanged on a periodic lattice (all multiples of it)
         self.translation_period = self.grid.patch_extent if translation_invariant else None
         self.embed = PatchEmbedding(self.grid.patch_len, d_model, embedding, tuple(local_states))
-        self.position = None
-        if attention == "full" and not translation_invariant:
-            self.position = nn.Parameter(
-                POSITION_INIT_STD * torch.randn(self.grid.n_patches, d_model)
-            )
         self.blocks = nn.ModuleList(
             EncoderBlock(
-                make_attention(attention, self.grid, d_model, heads, translation_invariant),
-                d_model,
+                FactoredAttention(self.grid, d_model, heads, translation_invariant), d_model
             )
             for _ in range(int(layers))
         )
@@ -260,12 +247,9 @@ class ViT(nn.Module):
         self.head = LogCoshHead(
             d_model, n_hidden=d_model, init_std=float(head_init_std), positive=self.positive
         )
-        # numbers in a configuration's largest activation: the MLP's hidden layer, or full
-        # attention's logits (`_rows_per_pass`)
-        width = 4 * d_model
-        if attention == "full":
-            width = max(width, heads * self.grid.n_patches)
-        self._activation_width = self.grid.n_patches * width
+        # numbers in a configuration's largest activation, the MLP's hidden layer
+        # (`_rows_per_pass`)
+        self._activation_width = self.grid.n_patches * 4 * d_model
         self.jastrow = None
         if jastrow:
             # occupations (more than two values): a free on-site table u(n), see ``Jastrow``;
@@ -296,7 +280,7 @@ class ViT(nn.Module):
 
     def _rows_per_pass(self, x: torch.Tensor) -> int:
         """Configurations per forward pass without gradients on CPU: as many as keep the
-        largest activation (the MLP's hidden layer, or full attention's logits) near
+        largest activation (the MLP's hidden layer) near
         ``ACTIVATION_BYTES``. A GPU takes the whole batch."""
         row_bytes = self._activation_width * x.element_size()
         return max(MIN_ROWS_PER_PASS, ACTIVATION_BYTES // row_bytes)
@@ -328,8 +312,6 @@ class ViT(nn.Module):
     def _trunk(self, x: torch.Tensor) -> torch.Tensor:
         """Returns the patch vectors ``(batch, patch, d_model)`` after the encoder blocks."""
         h = self.embed(self.grid.split(x))
-        if self.position is not None:
-            h = h + self.position
         for block in self.blocks:
             h = block(h)
         return h
