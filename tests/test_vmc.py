@@ -18,7 +18,7 @@ from vitqs.config import OptimizerConfig, from_dict
 from vitqs.models.chains import ChainNetwork
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
-from vitqs.vmc.driver import VMC, NonFiniteEnergyError, final_estimate
+from vitqs.vmc.driver import MAX_RETRIES, VMC, NonFiniteEnergyError, final_estimate
 from vitqs.vmc.estimators import (
     evaluate_log_psi,
     importance_weights,
@@ -142,12 +142,13 @@ def test_nan_guard_stops_with_an_error_naming_the_step_and_last_energy():
     hamiltonian = FlakyHamiltonian(Heisenberg(Lattice((4,))), poisoned_from=2)
     model = ComplexRBM(4, seed=6)
     settings = OptimizerConfig(lr=0.05, n_iter=10)
-    vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings, max_retries=5)
+    vmc = VMC(hamiltonian, model, ExactSampler(hamiltonian.hilbert), settings)
     results = []
     with pytest.raises(NonFiniteEnergyError, match="step 2") as error:
         for result in vmc.run():
             results.append(result)
-    assert len(results) == 2 and hamiltonian.n_calls == 2 + 6  # first try and 5 retries
+    # the first try and MAX_RETRIES retries
+    assert len(results) == 2 and hamiltonian.n_calls == 2 + 1 + MAX_RETRIES
     assert error.value.last_energy == pytest.approx(results[-1].energy.mean.real)
     assert f"{results[-1].energy.mean.real:.6f}"[:8] in str(error.value)
     assert all(torch.isfinite(parameter_vector(model)))

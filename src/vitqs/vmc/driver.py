@@ -114,7 +114,6 @@ class VMC:
             samples' log ψ, the ratios' sums, gradients and S stay in the model's dtype.
         anneal: a callable ``progress -> (hamiltonian, fraction)`` giving the Hamiltonian to
             optimise at that fraction of the run (``build.Anneal``); None: the target always.
-        max_retries: consecutive non-finite attempts of a step before the run stops.
         max_seconds: the wall-clock seconds the steps may run, counted across resumes from
             the clock `run` is given (`config.optimisation_seconds`: the steps' share of the
             run's budget); None: no budget. Without ``optimizer.n_iter`` the run then has
@@ -131,12 +130,11 @@ class VMC:
         chunk_size: int | None = SamplerConfig.chunk_size,
         local_energy_dtype: torch.dtype | None = None,
         anneal=None,
-        max_retries: int = MAX_RETRIES,
         max_seconds: float | None = None,
     ):
         self.hamiltonian, self.model, self.sampler = hamiltonian, model, sampler
         self.optimizer = OptimizerConfig() if optimizer is None else optimizer
-        self.chunk_size, self.max_retries = chunk_size, max_retries
+        self.chunk_size, self.max_retries = chunk_size, MAX_RETRIES
         if local_energy_dtype is not None and sampler.exact:
             raise ValueError(
                 f"sampler.local_energy_dtype={local_energy_dtype} needs Monte Carlo samples; "
