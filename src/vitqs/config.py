@@ -1153,8 +1153,8 @@ RETIRED_BECAUSE = {
     "sampler.n_discard for longer thermalisation",
     "optimizer.method": "the update is SR or its kernel form minSR, whichever matrix is smaller "
     "(the same update); Adam was removed",
-    "model.kind": "the wave function is the ViT (its seed design, a one-layer ViT, and a "
-    "Jastrow alone were removed; model.jastrow multiplies the ViT by one)",
+    "model.kind": "the wave function is the ViT; the one-layer seed design and a Jastrow alone "
+    "were removed (model.jastrow multiplies the ViT by one)",
     "model.attention": "the attention is factored, weights of the patches' positions only "
     "(softmax attention was removed)",
 }

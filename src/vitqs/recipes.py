@@ -107,7 +107,7 @@ def recipe(lattice, hamiltonian, model=None) -> dict:
         optimizer |= {"momentum": None}
     if kind == "frustrated" and written_model is not None and written_model.symmetrize == "none":
         if not written_model.spin_flip:
-            # the bare chains' |φ|^1.25 came with them: no bare network, neither
+            # |φ|^1.25 came with the bare chains: without a bare network, neither applies
             for key in ("bare_chains", "machine_pow"):
                 sampler.pop(key, None)
     return {"model": model, "sampler": sampler, "optimizer": optimizer, "final": final}

@@ -11,8 +11,8 @@ from a state the last update broke, as heavy tails of the local energy do), undo
 previous update (the parameters return to where the energy was last sane); one whose
 update, its length, or the parameters it would give, is not finite (a singular or NaN S
 solves to NaN; lr 1e300 overflows) is not applied; the step is then retried with the
-diagonal shift ×10 per failure. After ``max_retries``
-consecutive failures the run stops with `NonFiniteEnergyError`.
+diagonal shift ×10 per failure. After `MAX_RETRIES` consecutive failures the run stops
+with `NonFiniteEnergyError`.
 """
 
 from __future__ import annotations
