@@ -187,7 +187,6 @@ def test_compiled_chains_report_what_compiling_cost(tmp_path, capsys, monkeypatc
         ({"optimizer": {"n_iter": 200}}, "cuda", True),
         ({"optimizer": {"n_iter": 199}}, "cuda", False),
         ({"optimizer": {"n_iter": 100000}}, "cpu", False),
-        ({"budget": 3600, "model": {"kind": "jastrow"}}, "cuda", False),
         ({"budget": 3600, "sampler": {"kind": "full_sum"}}, "cuda", False),
     ],
 )

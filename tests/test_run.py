@@ -567,21 +567,22 @@ def test_a_run_without_anneal_records_the_config_s_hamiltonian(tmp_path):
 
 
 def _collapsed_jastrow_run(tmp_path, max_frozen_steps):
-    # a Gutzwiller factor u(2) = -1000 on the unit-filled 4-site ring: every hop from the
-    # Mott configuration makes a double occupancy, so once the chains reach it no move is
-    # ever accepted again, and SR, whose samples are then all alike, cannot move the state
+    # a ViT whose Jastrow factor has u(2) = -1000 on the unit-filled 4-site ring: every hop
+    # from the Mott configuration makes a double occupancy, so once the chains reach it no
+    # move is ever accepted again, and SR, whose samples are then all alike, cannot move the
+    # state
     from vitqs.build import build_vmc
 
     data = tiny_bose_hubbard(
         tmp_path / "out",
-        model={"kind": "jastrow"},
+        model={"jastrow": True},
         sampler={"max_frozen_steps": max_frozen_steps},
         optimizer={"n_iter": 12},
     )
     data["hamiltonian"]["n_max"] = 2
     config = from_dict(data)
     parameters = build_vmc(config).model.state_dict()
-    parameters["onsite"] = torch.tensor([0.0, 0.0, -1000.0], dtype=torch.float64)
+    parameters["jastrow.onsite"] = torch.tensor([0.0, 0.0, -1000.0], dtype=torch.float64)
     return config, parameters
 
 

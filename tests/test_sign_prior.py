@@ -128,7 +128,6 @@ def test_the_translation_invariant_network_stays_invariant_under_patch_shifts():
             {"model": {"sign_prior": "stripes_x", "positive": True}},
             ("model.sign_prior", "positive"),
         ),
-        ({"model": {"sign_prior": "stripes_x", "kind": "jastrow"}}, ("model.sign_prior", "kind")),
         ({"model": {"sign_prior": "stripes"}}, ("model.sign_prior",)),
         (
             {
