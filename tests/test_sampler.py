@@ -229,7 +229,6 @@ def test_exact_sampler_weights_are_normalised_born_probabilities():
     [
         ({"n_samples": 10, "n_chains": 4}, "n_samples"),
         ({"n_samples": 8, "n_chains": 0}, "n_chains"),
-        ({"n_samples": 8, "n_chains": 4, "sweep_size": 0}, "sweep_size"),
         ({"n_samples": 8, "n_chains": 4, "n_discard": -1}, "n_discard"),
         ({"n_samples": 8, "n_chains": 4, "machine_pow": 0.0}, "machine_pow"),
         ({"n_samples": 8, "n_chains": 4, "machine_pow": float("nan")}, "machine_pow"),
@@ -240,6 +239,12 @@ def test_bad_settings_raise_with_the_config_key(kwargs, key):
         MetropolisSampler(Heisenberg(Lattice((4,))), **kwargs)
     with pytest.raises(ValueError, match="sampler.dtype"):
         ChainNetwork(torch.float16)
+
+
+def test_a_sweep_of_no_proposals_is_refused():
+    # not a config key (a chain makes one proposal a site): an argument of the Python API
+    with pytest.raises(ValueError, match="sweep_size=0 must be a positive integer"):
+        MetropolisSampler(Heisenberg(Lattice((4,))), n_samples=8, n_chains=4, sweep_size=0)
 
 
 def test_the_hamiltonian_chooses_the_move():

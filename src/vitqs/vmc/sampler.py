@@ -406,6 +406,6 @@ def _check_counts(n_samples, n_chains, sweep_size, n_discard):
             f"sampler.n_samples={n_samples} must be a multiple of sampler.n_chains={n_chains}"
         )
     if sweep_size is not None and (int(sweep_size) != sweep_size or sweep_size < 1):
-        raise ValueError(f"sampler.sweep_size={sweep_size} must be a positive integer")
+        raise ValueError(f"sweep_size={sweep_size} must be a positive integer")
     if int(n_discard) != n_discard or n_discard < 0:
         raise ValueError(f"sampler.n_discard={n_discard} must be an integer >= 0")
