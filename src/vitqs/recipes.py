@@ -14,8 +14,9 @@ chosen from the Hamiltonian:
   the J1-J2 chain of 20; the triangular and kagome runs added the sign prior and the sector
   read from ED, which a recipe cannot know.
 - ``bosons``: Bose-Hubbard: one-hot patches, a Jastrow factor, a positive ψ (hopping
-  J ≥ 0), the chains at |ψ|^1.25, the cosine learning rate. Measured on the chains of 8 and
-  12 across the Mott transition and the 3×3 at U = 16.7.
+  J ≥ 0), the chains at |ψ|^1.25, the cosine learning rate. Its parts measured on the chains
+  of 8 and 12 across the Mott transition; the whole on the chain of 12 at U = 3.3 and the
+  3×3 at U = 16.7 (results/accuracy.md's defaults table).
 
 A section the config writes is taken as written, its unset keys from the schema's defaults:
 a recipe is a whole section, never mixed key by key with the user's (a written ``sampler``
