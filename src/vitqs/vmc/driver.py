@@ -134,7 +134,7 @@ class VMC:
     ):
         self.hamiltonian, self.model, self.sampler = hamiltonian, model, sampler
         self.optimizer = OptimizerConfig() if optimizer is None else optimizer
-        self.chunk_size, self.max_retries = chunk_size, MAX_RETRIES
+        self.chunk_size = chunk_size
         if local_energy_dtype is not None and sampler.exact:
             raise ValueError(
                 f"sampler.local_energy_dtype={local_energy_dtype} needs Monte Carlo samples; "
@@ -213,13 +213,13 @@ class VMC:
 
     def step(self) -> StepResult:
         """Returns the result of one guarded step; raises `NonFiniteEnergyError`."""
-        for n_retries in range(self.max_retries + 1):
+        for n_retries in range(MAX_RETRIES + 1):
             result = self._attempt(boost=10.0**n_retries)
             if result is not None:
                 result.n_retries = n_retries
                 self.step_count += 1
                 return result
-        raise NonFiniteEnergyError(self.step_count, self._last_energy, self.max_retries)
+        raise NonFiniteEnergyError(self.step_count, self._last_energy, MAX_RETRIES)
 
     def _attempt(self, boost: float) -> StepResult | None:
         timings = {}
