@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmark_accuracy import replace_block  # a sibling: the same markers, one rule
+from vitqs.accuracy import replace_block  # the same markers, one rule
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "results" / "benchmarks"

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from helpers import tiny_heisenberg
 
+from vitqs import accuracy
 from vitqs.cli import main
 from vitqs.config import ConfigError
 from vitqs.report import state_energy
@@ -64,17 +65,17 @@ def test_enumerated_energy_lands_in_the_row_and_the_table(tmp_path):
     config.write_text(yaml.safe_dump(tiny_heisenberg(tmp_path / "unused")))
     rows_dir = tmp_path / "rows"
     row = bench.run_vitqs(config, {}, "tiny", rows_dir)
-    bench._store(rows_dir, "accuracy", "tiny", row)
+    accuracy.store_row(rows_dir, "accuracy", "tiny", row)
 
-    bench.enumerate_rows(rows_dir, "accuracy", max_dim=10_000, systems={"someone_else"})
+    accuracy.enumerate_rows(rows_dir, "accuracy", max_dim=10_000, systems={"someone_else"})
     assert "enumerated_energy" not in json.loads((rows_dir / "accuracy__tiny.json").read_text())
-    bench.enumerate_rows(rows_dir, "accuracy", max_dim=10_000)
+    accuracy.enumerate_rows(rows_dir, "accuracy", max_dim=10_000)
     stored = json.loads((rows_dir / "accuracy__tiny.json").read_text())
 
     expected = state_energy(Path(row["results_file"]), max_dim=10_000)
     assert stored["enumerated_energy"] == pytest.approx(expected["enumerated"], rel=1e-12)
     assert stored["enumerated_relative_error"] >= 0  # variational: never below E_exact
-    table = bench.render_table([stored], "system")
+    table = accuracy.render_table([stored], "system")
     header, _, cells = table.splitlines()
     column = header.split(" | ").index("rel. error, enumerated")
     assert cells.split(" | ")[column] == f"{stored['enumerated_relative_error']:+.2e}"
@@ -82,7 +83,7 @@ def test_enumerated_energy_lands_in_the_row_and_the_table(tmp_path):
 
 def test_kept_peers_come_back_marked_as_from_an_earlier_invocation(tmp_path):
     rows_dir = tmp_path / "rows"
-    bench._store(
+    accuracy.store_row(
         rows_dir, "accuracy", "tiny", {**_row("vitqs", 1e-3), "peers": [_row("netket", 2e-2)]}
     )
     peers = bench._earlier_peers(rows_dir, "tiny")
@@ -90,7 +91,7 @@ def test_kept_peers_come_back_marked_as_from_an_earlier_invocation(tmp_path):
     assert peers[0]["relative_error"] == 2e-2
     assert peers[0]["estimator"] == "Monte Carlo" + bench.EARLIER
     # a row kept twice is marked once
-    bench._store(rows_dir, "accuracy", "tiny", {**_row("vitqs", 1e-3), "peers": peers})
+    accuracy.store_row(rows_dir, "accuracy", "tiny", {**_row("vitqs", 1e-3), "peers": peers})
     assert bench._earlier_peers(rows_dir, "tiny")[0]["estimator"].count(bench.EARLIER) == 1
     assert bench._earlier_peers(rows_dir, "nobody") is None
 
@@ -130,7 +131,7 @@ def test_netket_only_attaches_an_enumerated_peer_with_the_configs_threads(tmp_pa
         ", H annealed from J1 = 2 over the first 25% of the run"
         ", parameters averaged over the last 50% of the run"
     )
-    bench._store(rows_dir, "accuracy", "tiny", {**ours, "peer_failure": "an earlier one"})
+    accuracy.store_row(rows_dir, "accuracy", "tiny", {**ours, "peer_failure": "an earlier one"})
     args = ["--systems", "tiny", "--netket-only", "--rows-dir", str(rows_dir)]
     assert bench.main([*args, "--output", str(tmp_path / "accuracy.md")]) == 0
 
@@ -166,7 +167,7 @@ def test_a_row_read_back_from_a_gpu_run_without_ed_is_measured_against_the_refer
     write_results(results_file, record)
     bethe = heisenberg_chain_energy(6)
 
-    row = bench.row_from_results("tiny", results_file)
+    row = accuracy.row_from_results("tiny", results_file)
     assert row["relative_error"] is None and row["exact_energy"] is None
     assert row["device"] == "Some GPU" and row["n_iter"] == 4
     expected = (record.final["energy"] - bethe) / abs(bethe)  # signed
@@ -174,7 +175,7 @@ def test_a_row_read_back_from_a_gpu_run_without_ed_is_measured_against_the_refer
     assert row["curve_relative_error"][-1] == pytest.approx(
         abs(record.history[-1]["energy"] - bethe) / abs(bethe), rel=1e-12
     )
-    cells = bench.render_table([row], "system").splitlines()[2].split(" | ")
+    cells = accuracy.render_table([row], "system").splitlines()[2].split(" | ")
     assert "GPU: Some GPU" in cells
     assert f"{bethe / 6:.6f} (Bethe ansatz)" in cells
     assert f"{expected:+.2e} (vs Bethe ansatz)" in cells
@@ -186,11 +187,11 @@ def test_a_row_of_steps_on_another_power_of_psi_says_so(tmp_path):
     data["sampler"]["machine_pow"] = 1.25
     config.write_text(yaml.safe_dump(data))
     assert main(["run", str(config), "--quiet"]) == 0
-    row = bench.row_from_results("tiny", tmp_path / "out" / "tiny.h5")
+    row = accuracy.row_from_results("tiny", tmp_path / "out" / "tiny.h5")
     assert row["estimator"].startswith("Monte Carlo (steps on samples of |ψ|^1.25, reweighted")
-    line = bench.render_table([row], "system").splitlines()[2]
+    line = accuracy.render_table([row], "system").splitlines()[2]
     cells = re.split(r"(?<!\\)\|", line)[1:-1]  # split on the unescaped pipes
-    assert len(cells) == len(bench.HEADER)
+    assert len(cells) == len(accuracy.HEADER)
     assert "(steps on samples of \\|ψ\\|^1.25" in line
 
 
@@ -219,10 +220,10 @@ def test_bench_accuracy_help_names_the_command(capsys):
 def test_a_goal_is_judged_on_the_monte_carlo_estimate_and_its_error_bar():
     exact = -10.0
     # |ΔE| + 2σ ≤ goal |E_exact|: 1e-5 + 2·2e-5 = 5e-5 relative
-    assert bench.goal_met(exact - 1e-4, 2e-4, exact, goal=5e-5 + 1e-12)
-    assert not bench.goal_met(exact - 1e-4, 2e-4, exact, goal=4.9e-5)
+    assert accuracy.goal_met(exact - 1e-4, 2e-4, exact, goal=5e-5 + 1e-12)
+    assert not accuracy.goal_met(exact - 1e-4, 2e-4, exact, goal=4.9e-5)
     # below the exact energy counts as far as above it
-    assert bench.goal_met(exact + 1e-4, 2e-4, exact, 5e-5 + 1e-12) == bench.goal_met(
+    assert accuracy.goal_met(exact + 1e-4, 2e-4, exact, 5e-5 + 1e-12) == accuracy.goal_met(
         exact - 1e-4, 2e-4, exact, 5e-5 + 1e-12
     )
 
@@ -239,7 +240,7 @@ def test_goals_table_marks_full_sums_and_judges_mc_rows_not_their_enumeration():
     summed = {**mc, "system": "j1j2_4x4", "energy": exact, "energy_error": 0.0}
     summed["estimator"] = "full sum over 441 orbits of the 12,870 states"
     met = {**mc, "system": "heisenberg_4x4", "energy_error": 1e-7 * abs(exact)}
-    table = bench.render_goals([mc, summed, met]).splitlines()
+    table = accuracy.render_goals([mc, summed, met]).splitlines()
     cells = [line.split(" | ") for line in table[2:]]
     assert cells[0][0] == "| heisenberg_chain16" and cells[0][4] == "no"
     assert cells[0][2] == "+3.1e-06 ± 5.2e-06" and cells[0][3] == "1.4e-05"
@@ -264,10 +265,10 @@ def test_the_machine_line_comes_from_the_rows_not_from_the_latest_invocation():
         {**_row("vitqs", 1e-3), "system": "old", "machine": xeon},
     ]
     assert (
-        bench.render_machines(rows)
+        accuracy.render_machines(rows)
         == f"Machine: {xeon} for every CPU row but u10 (vitqs) on {epyc}."
     )
-    assert bench.render_machines(rows[:1]) == f"Machine: {xeon} for every CPU row."
+    assert accuracy.render_machines(rows[:1]) == f"Machine: {xeon} for every CPU row."
 
 
 def _defaults_row(seed, energy, error, exact=-8.45792, seconds=1150.0):
@@ -292,17 +293,17 @@ def test_the_defaults_verdict_follows_from_every_seeds_numbers():
     far = exact * (1 - 9e-5)  # 9e-5 above; with 2σ: 1.1e-4 > 1e-4
     sigma = 1e-5 * abs(exact)
     rows = [_defaults_row(seed, close, sigma) for seed in (0, 1, 2)]
-    table = bench.render_defaults(rows)
+    table = accuracy.render_defaults(rows)
     assert "| j1j2_4x4 | 3 | 3 | **yes** |" in table
     missed = [*rows[:2], _defaults_row(2, far, sigma, seconds=1260.0)]
-    table = bench.render_defaults(missed)
+    table = accuracy.render_defaults(missed)
     assert "| j1j2_4x4 | 3 | 2 | no |" in table  # one seed missing the goal is a miss
     assert "1260 (over)" in table  # a run past its budget says so
     assert len([line for line in table.splitlines() if line.startswith("| j1j2_4x4 | 1e-04")]) == 3
-    assert "not yet: 2 of 3 seeds run" in bench.render_defaults(rows[:2])
+    assert "not yet: 2 of 3 seeds run" in accuracy.render_defaults(rows[:2])
     # close enough, but the whole run took longer than its budget: not met
     late = [*rows[:2], _defaults_row(2, close, sigma, seconds=1201.0)]
-    table = bench.render_defaults(late)
+    table = accuracy.render_defaults(late)
     assert "no: over its budget" in table and "| j1j2_4x4 | 3 | 2 | no |" in table
 
 
@@ -326,7 +327,7 @@ def test_a_defaults_run_is_read_back_with_its_seed_and_recipe(tmp_path):
     text = output.read_text()
     assert "<!-- begin defaults-table -->" in text and "not yet: 1 of 3 seeds run" in text
     with pytest.raises(ConfigError, match="not a run defaults_<system>_s<seed>"):
-        bench.defaults_row(_renamed(results_file, tmp_path))
+        accuracy.defaults_row(_renamed(results_file, tmp_path))
 
 
 def _renamed(results_file, tmp_path):

@@ -71,10 +71,10 @@ def test_every_relative_link_lands(page):
 
 
 def test_the_headline_table_is_the_stored_rows():
-    import benchmark_accuracy
+    from vitqs.accuracy import load_rows, render_headline
 
-    rows = benchmark_accuracy.load_rows(ROOT / "results" / "benchmarks", "accuracy")
-    expected = benchmark_accuracy.render_headline(rows)
+    rows = load_rows(ROOT / "results" / "benchmarks", "accuracy")
+    expected = render_headline(rows)
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- begin headline -->\n(.*?)\n<!-- end headline -->", readme, re.S)
     assert block and block.group(1) == expected, (
