@@ -20,6 +20,8 @@ from vitqs.build import (
     ground_state_outside,
 )
 from vitqs.config import from_dict, recipe_followed
+from vitqs.models.sectors import Sector, same_sector
+from vitqs.physics.symmetry import ground_state_sector
 from vitqs.recipes import problem_class
 
 # the systems of results/accuracy.md's defaults table, and two lattices more
@@ -88,14 +90,17 @@ def test_each_class_takes_its_measured_recipe():
     assert written.sampler.machine_pow == 1.25
     kagome = from_dict(_minimal(*DEFAULTS_TABLE["kagome_2x3"]))
     assert kagome.model.patch_size == 1 and kagome.final.symmetrize == "space_group"
-    assert kagome.model.spin_flip == -1  # a singlet of 18 spins
-    # one-cell patches: not translation invariant, so that the average projects on any k
+    # one-cell patches: not translation invariant, so that the average projects on any k,
+    # and the sector (spin inversion too) found by the run, not claimed
     assert not kagome.model.translation_invariant
+    assert kagome.model.sector == "search" and kagome.model.spin_flip == 0
+    assert kagome.model.momentum is None and kagome.model.point_characters is None
     lattice, hamiltonian = DEFAULTS_TABLE["kagome_2x3"]
-    at_k = from_dict(
-        _minimal(lattice, hamiltonian, model={**_recipe_model(kagome), "momentum": [1, 0]})
-    )
+    given = {"sector": "given", "momentum": [1, 0], "spin_flip": -1}
+    at_k = from_dict(_minimal(lattice, hamiltonian, model={**_recipe_model(kagome), **given}))
     build_network(at_k, build_hamiltonian(at_k))  # the ground state's k = (π, 0) is carried
+    # wider patches carry the momenta of whole-patch shifts only: the recipe claims k = 0
+    assert frustrated.model.sector == "given"
 
 
 def test_a_written_section_is_the_users_and_the_others_stay_the_recipes():
@@ -153,3 +158,27 @@ def test_a_config_of_lattice_hamiltonian_and_budget_runs_the_recipe(tmp_path, ca
     code, out, err = run_main(capsys, "report", tmp_path / "ring6.h5")
     assert code == 0, err
     assert "ring6: recipe of spins without a sign rule: model, sampler, optimizer, final" in out
+
+
+@pytest.mark.slow
+def test_on_one_cell_patches_the_recipe_finds_the_sector_itself(tmp_path, capsys):
+    # a frustrated 3-rung ladder (no sign rule), patched one rung at a time: the recipe
+    # searches the sector, and ED's ground state is outside the trivial one
+    data = _minimal({"kind": "ladder", "shape": [3, 2]}, {"kind": "heisenberg"}, budget=20)
+    data |= {"name": "ladder3", "threads": 1, "output": {"dir": str(tmp_path)}}
+    config = from_dict(data)
+    assert config.model.patch_size == 1 and config.model.sector == "search"
+    hamiltonian = build_hamiltonian(config)
+    solved = exact_ground_state(config, hamiltonian, return_vector=True, use_cache=False)
+    exact = ground_state_sector(hamiltonian, solved.vector)
+    assert exact["spin_flip"] == -1 and -1 in exact["point_characters"]
+    code, out, err = run_main(capsys, "run", write_config(tmp_path / "l.yaml", data), "--json")
+    assert code == 0, err
+    with h5py.File(tmp_path / "ladder3.h5") as f:
+        chosen = json.loads(f.attrs["sector_search"])["chosen"]
+    assert same_sector(hamiltonian.lattice, Sector(**_as_tuples(chosen)), exact)
+    assert abs(last_json(out)["relative_error"]) < 1e-8  # measured: 2e-12
+
+
+def _as_tuples(keys: dict) -> dict:
+    return {name: tuple(v) if isinstance(v, list) else v for name, v in keys.items()}

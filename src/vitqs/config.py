@@ -585,7 +585,9 @@ class ModelConfig(Section):
         "margin are kept in the results file, and ED, where it exists, only checks the "
         "choice. Under a `budget` the search takes a tenth of it (50 steps a candidate at "
         "least). `given`: the sector of "
-        "`momentum`, `point_characters` and `spin_flip` (k = 0, all +1, none by default).",
+        "`momentum`, `point_characters` and `spin_flip` (k = 0, all +1, none by default). "
+        "The recipe of spins without a sign rule searches on one-cell patches (kagome, "
+        "honeycomb, an odd extent), whose network carries every momentum.",
         allowed="`given` | `search`",
     )
     positive: bool = option(

@@ -24,9 +24,14 @@ with only ``n_samples`` is the schema's sampler with those samples). The run pri
 and the sections the recipe gave, and the results file keeps them (``recipe``). The schema
 (`vitqs.config`) builds the sections; this module holds data and rules only.
 
-The crystal momentum is k = 0 (on a chain without the sign rule, the Marshall sign's k) and
-the point-group characters trivial unless the config says otherwise or asks for the search
-(``model.sector: search``): the recipe does not guess a sector ED would have to give.
+The symmetry sector: spins without a sign rule on one-cell patches (kagome, honeycomb, odd
+extents), whose network can carry any momentum, search for it as the run starts
+(``model.sector: search``, `vitqs.sector_search`): nothing short of ED says where their ground
+state lies. Elsewhere the recipe claims the crystal momentum k = 0 (on a chain without the
+sign rule, the Marshall sign's k), trivial point-group characters and the singlet's spin
+inversion, unless the config says otherwise: wider patches carry only the momenta of
+whole-patch shifts, and a search over the J1-J2 4x4's 12 carried sectors needs ~26 minutes of
+trials.
 """
 
 from __future__ import annotations
@@ -90,14 +95,13 @@ def recipe(lattice, hamiltonian, model=None) -> dict:
         model["symmetrize"] = "translations"
         if model["patch_size"] == 1:
             # one-cell patches: a translation-invariant network is k = 0 alone; the average
-            # over the translations projects on any k (the kagome 2x3's measured recipe)
-            model["translation_invariant"] = False
-        flip = _singlet_flip(hamiltonian, lattice.n_sites)
-        if flip:
-            model["spin_flip"] = flip
-        momentum = _marshall_momentum(lattice, hamiltonian)
-        if momentum:
-            model["momentum"] = momentum
+            # over the translations projects on any k (the kagome 2x3's measured recipe).
+            # Such a network can take any sector, and nothing says which holds the ground
+            # state (the kagome 2x3's is at k = (π, 0), odd under a reflection): the run
+            # finds it (sector_search), spin inversion included
+            model |= {"translation_invariant": False, "sector": "search"}
+        else:
+            model |= _claimed_sector(lattice, hamiltonian)
         sampler |= {"bare_chains": True, "machine_pow": 1.25}
     else:
         # hopping J ≥ 0 makes H stoquastic: the ground state is positive. |ψ|^1.25 samples
@@ -112,6 +116,19 @@ def recipe(lattice, hamiltonian, model=None) -> dict:
             for key in ("bare_chains", "machine_pow"):
                 sampler.pop(key, None)
     return {"model": model, "sampler": sampler, "optimizer": optimizer, "final": final}
+
+
+def _claimed_sector(lattice, hamiltonian) -> dict:
+    """Returns the sector keys the recipe claims for a network of wider patches: the
+    singlet's spin inversion and, on a ring, the Marshall sign's momentum."""
+    keys = {}
+    flip = _singlet_flip(hamiltonian, lattice.n_sites)
+    if flip:
+        keys["spin_flip"] = flip
+    momentum = _marshall_momentum(lattice, hamiltonian)
+    if momentum:
+        keys["momentum"] = momentum
+    return keys
 
 
 def _final_projection(lattice) -> str:
