@@ -16,7 +16,7 @@ from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
 from vitqs.physics.symmetry import ground_state_sector
-from vitqs.sector_search import search
+from vitqs.sector_search import search, trial_config
 
 # (lattice, J2): ground states at k = π, in odd reflection sectors, at a zone-boundary
 # momentum of a triangular cluster, and the kagome 2×3's [1, 0] with odd reflection
@@ -92,6 +92,21 @@ def test_short_runs_find_eds_sector_where_the_ground_state_is_not_trivial(tmp_pa
     assert not (trivial and sector["spin_flip"] in (None, 1))  # a system worth the test
     assert same_sector(hamiltonian.lattice, found.chosen, sector), found.rows()
     assert found.margin_sigma > 3
+
+
+def test_a_trial_computes_local_energies_in_float32_unless_the_config_says(tmp_path):
+    (sector,) = [s for s in candidates(Lattice((6,)), spin_flip=True) if s.spin_flip == -1][:1]
+    sampled = {"n_samples": 256, "n_chains": 32, "n_discard": 2}
+    config = from_dict(_ring_config(tmp_path, 6, sampler=sampled))
+    trial = trial_config(config, sector)
+    assert trial.sampler.local_energy_dtype == "float32"
+    assert trial.model.symmetrize == "space_group" and trial.budget is None
+    written = from_dict(
+        _ring_config(tmp_path, 6, sampler={**sampled, "local_energy_dtype": "float64"})
+    )
+    assert trial_config(written, sector).sampler.local_energy_dtype == "float64"
+    summed = trial_config(from_dict(_ring_config(tmp_path, 6)), sector)  # a full sum: none
+    assert summed.sampler.local_energy_dtype is None
 
 
 @pytest.mark.usefixtures("single_thread")
