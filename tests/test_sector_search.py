@@ -9,6 +9,7 @@ import pytest
 from helpers import assert_one_line_error, run_main, tiny_heisenberg, write_config
 
 from vitqs import results
+from vitqs.build import build_hamiltonian
 from vitqs.checkpoint import stored_config
 from vitqs.config import from_dict
 from vitqs.models.sectors import candidates, characters, same_sector, stars
@@ -83,8 +84,6 @@ def _ring_config(tmp_path, length, j2=0.0, sampler=None, lattice=None):
 def test_short_runs_find_eds_sector_where_the_ground_state_is_not_trivial(tmp_path, system):
     config = from_dict(_ring_config(tmp_path, **system[1]))
     found = search(config, first_steps=50)
-    from vitqs.build import build_hamiltonian
-
     hamiltonian = build_hamiltonian(config)
     vector = exact.ground_state(hamiltonian, return_vector=True, use_cache=False).vector
     sector = ground_state_sector(hamiltonian, vector)
@@ -128,6 +127,11 @@ def test_the_command_prints_its_choice_and_eds_check(tmp_path, capsys):
     data = json.loads(out.strip().splitlines()[-1])
     assert data["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
     assert data["ed_agrees"] is True
+    # the winner's short run extrapolated to zero variance: its sector's lowest level, ED's
+    winner = data["trials"][0]
+    config = from_dict(_ring_config(tmp_path, 6))
+    e0 = exact.ground_state(build_hamiltonian(config), use_cache=False).energy
+    assert winner["variance"] < 1e-6 and abs(winner["zero_variance"] - e0) < 1e-6  # 2e-11
     code, _, err = run_main(capsys, "sectors", path, "--seconds", "0")
     assert_one_line_error(code, err, "--seconds=0")
 

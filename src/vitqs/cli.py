@@ -259,10 +259,17 @@ def _cmd_sectors(args) -> int:
         say=lambda line: print(line, file=sys.stderr),
     )
     print(f"{config.name}: {len(result.trials)} candidate sectors, {result.seconds:.1f} s")
+    print(f"  {'sector':<36} {'late energy ± σ':<28} {'variance':>9}  {'zero-variance E ± σ':<26}")
     for row in result.rows():
         energy = "" if row["energy"] is None else f"{row['energy']:.8f} ± {row['energy_error']:.1e}"
+        variance = "" if row["variance"] is None else f"{row['variance']:.2e}"
+        zero = row["zero_variance"]
+        zero = "" if zero is None else f"{zero:.6f} ± {row['zero_variance_error']:.1e}"
         why = f"  {row['refused']}" if row["refused"] else ""
-        print(f"  {row['sector']:<36} {energy:<28} {row['steps']:>5} steps{why}")
+        print(
+            f"  {row['sector']:<36} {energy:<28} {variance:>9}  {zero:<26} "
+            f"{row['steps']:>5} steps{why}"
+        )
     chosen = result.chosen
     print(f"chosen  {chosen.label()}, {result.margin_sigma:.3g} σ below the runner-up")
     print(

@@ -26,6 +26,7 @@ from vitqs.build import build_hamiltonian, build_vmc
 from vitqs.config import Config, ConfigError, HeisenbergConfig, from_dict
 from vitqs.distributed import agree_max
 from vitqs.errors import first_line
+from vitqs.extrapolation import stage_extrapolation
 from vitqs.models.sectors import Sector, candidates
 from vitqs.vmc.driver import NonFiniteEnergyError
 
@@ -42,6 +43,7 @@ class Trial:
 
     sector: Sector
     energies: list[float] = field(default_factory=list)
+    variances: list[float] = field(default_factory=list)
     refused: str = ""
     vmc: object = None
     rounds: int = 0
@@ -55,6 +57,13 @@ class Trial:
         tail = np.array(self.energies[-max(3, len(self.energies) // 4) :])
         error = tail.std(ddof=1) / math.sqrt(len(tail)) if len(tail) > 1 else math.inf
         return float(tail.mean()), float(error)
+
+    def zero_variance(self) -> tuple[float, float]:
+        """Returns the energy at zero variance of the trial's last half of the steps and its
+        error (`extrapolation.stage_extrapolation`; NaN with too few steps): where a
+        sector's short run stands against that sector's lowest level, recorded beside the
+        score (the search ranks by the score)."""
+        return stage_extrapolation(self.energies, self.variances)
 
 
 @dataclass
@@ -71,12 +80,17 @@ class SearchResult:
         rows = []
         for trial in self.trials:
             energy, error = trial.score()
+            late = trial.variances[-max(3, len(trial.variances) // 4) :]
+            zero, zero_error = trial.zero_variance()
             rows.append(
                 {
                     "sector": trial.sector.label(),
                     **trial.sector.keys(),
                     "energy": None if math.isinf(energy) else energy,
                     "energy_error": None if math.isinf(error) else error,
+                    "variance": float(np.mean(late)) if late else None,
+                    "zero_variance": _finite_or_none(zero),
+                    "zero_variance_error": _finite_or_none(zero_error),
                     "steps": len(trial.energies),
                     "rounds": trial.rounds,
                     "refused": trial.refused,
@@ -202,6 +216,7 @@ def _advance(trial: Trial, steps: int, seconds: float | None, least: int) -> Non
     try:
         for done, result in enumerate(trial.vmc.run(n_iter=steps if seconds is None else None)):
             trial.energies.append(result.energy.mean.real)
+            trial.variances.append(result.energy.variance)
             if seconds is not None and done + 1 >= least:
                 # every rank stops at the same step: their collectives stay paired
                 if agree_max(time.perf_counter() - start) >= seconds:
@@ -211,6 +226,10 @@ def _advance(trial: Trial, steps: int, seconds: float | None, least: int) -> Non
             trial.refused = f"dropped: {first_line(err)}"
         else:  # an exact eigenstate of a small sector can stall SR: its energy stands
             trial.stalled = first_line(err)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
 
 
 def _margin(ranked: list[Trial]) -> float:
