@@ -165,6 +165,22 @@ def test_warm_start_across_different_models_is_a_config_error(tmp_path, capsys):
     assert run_files(tmp_path / "out" / "u_scan") == ["d_model=4.h5"]
 
 
+def test_a_warm_started_sweep_of_searched_sectors_is_refused_before_it_runs(tmp_path, capsys):
+    # a frustrated ladder of 3 rungs: the recipe patches it one rung at a time and searches
+    base = {"lattice": {"kind": "ladder", "shape": [3, 2]}, "hamiltonian": {"kind": "heisenberg"}}
+    write_config(tmp_path / "ladder.yaml", {**base, "output": {"dir": str(tmp_path / "out")}})
+    spec = {"base": "ladder.yaml", "sweep": {"hamiltonian.J2": [0.0, 0.2]}, "warm_start": True}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, _, err = run_main(capsys, "sweep", path, "--quiet")
+    assert_one_line_error(code, err, "model.sector=search")
+    assert "warm_start: false" in err
+    assert not (tmp_path / "out").exists()  # refused before the first point ran
+    spec["warm_start"] = False
+    path.write_text(yaml.safe_dump(spec))
+    assert len(sweep.point_configs(sweep.load_sweep(path))) == 2
+
+
 def test_set_overrides_the_base_at_every_point_and_the_grid_wins(tmp_path):
     path = _write_sweep(
         tmp_path, set={"optimizer.n_iter": 7, "hamiltonian.U": 99.0, "final.n_samples": 64}

@@ -111,6 +111,13 @@ def point_configs(spec: dict) -> list:
         for key, value in {**spec.get("set", {}), **point}.items():
             set_dotted(data, key, value)
         config = from_dict(data, default_name=_point_name(point))
+        if spec["warm_start"] and configs and config.model.sector == "search":
+            raise ConfigError(
+                f"sweep point {_point_name(point)[:60]!r}: model.sector=search (written, or "
+                "the recipe of frustrated spins on one-cell patches) starts every sector from "
+                "a random state, and warm_start: true would start it from the previous point; "
+                "set warm_start: false, or model.sector: given with the sector's keys"
+            )
         config.name = _point_name(point)
         config.output.dir = str(Path(config.output.dir) / spec["name"])
         configs.append((point, config))
