@@ -555,7 +555,7 @@ def write_report(output: Path, rows_dir: Path, readme: Path | None = None) -> No
         text = replace_block(text, "defaults-table", render_defaults(defaults))
     if accuracy and readme is not None and readme.exists():
         headline = replace_block(readme.read_text(), "headline", render_headline(accuracy))
-        write_atomic(readme, headline)
+        _write_atomic(readme, headline)
     if accuracy:
         text = replace_block(text, "accuracy-table", render_table(accuracy, "system"))
         text = replace_block(text, "goals-table", render_goals(accuracy))
@@ -566,10 +566,10 @@ def write_report(output: Path, rows_dir: Path, readme: Path | None = None) -> No
         text = replace_block(text, "ablation-table", render_table(ablation, "label"))
         plot_curves(ablation, output.parent / "ablation_vs_time.png", "Bose-Hubbard ablation")
     text = replace_block(text, "machine", render_machines([*accuracy, *ablation, *defaults]))
-    write_atomic(output, text)
+    _write_atomic(output, text)
 
 
-def write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: str) -> None:
     from vitqs.results import write_text_atomic  # here: the netket worker never loads torch
 
     write_text_atomic(path, text)
@@ -580,7 +580,7 @@ def row_file(rows_dir: Path, table: str, key: str) -> Path:
 
 
 def store_row(rows_dir: Path, table: str, key: str, row: dict) -> None:
-    write_atomic(row_file(rows_dir, table, key), json.dumps(row))
+    _write_atomic(row_file(rows_dir, table, key), json.dumps(row))
 
 
 def enumerate_rows(rows_dir: Path, table: str, max_dim: int, systems=None) -> None:
@@ -605,7 +605,7 @@ def enumerate_rows(rows_dir: Path, table: str, max_dim: int, systems=None) -> No
         row["enumerated_relative_error"] = found["relative_error"]
         if "last_iterate_relative_error" in found:  # an averaged run: what the mean bought
             row["last_iterate_relative_error"] = found["last_iterate_relative_error"]
-        write_atomic(path, json.dumps(row))
+        _write_atomic(path, json.dumps(row))
         print(f"{row['system']}: enumerated rel={found['relative_error']:.2e}", flush=True)
 
 

@@ -54,7 +54,7 @@ class Trial:
         standard error; (inf, inf) before any step."""
         if not self.energies:
             return math.inf, math.inf
-        tail = np.array(self.energies[-max(3, len(self.energies) // 4) :])
+        tail = np.array(_late(self.energies))
         error = tail.std(ddof=1) / math.sqrt(len(tail)) if len(tail) > 1 else math.inf
         return float(tail.mean()), float(error)
 
@@ -80,7 +80,7 @@ class SearchResult:
         rows = []
         for trial in self.trials:
             energy, error = trial.score()
-            late = trial.variances[-max(3, len(trial.variances) // 4) :]
+            late = _late(trial.variances)
             zero, zero_error = trial.zero_variance()
             rows.append(
                 {
@@ -226,6 +226,12 @@ def _advance(trial: Trial, steps: int, seconds: float | None, least: int) -> Non
             trial.refused = f"dropped: {first_line(err)}"
         else:  # an exact eigenstate of a small sector can stall SR: its energy stands
             trial.stalled = first_line(err)
+
+
+def _late(values: list[float]) -> list[float]:
+    """Returns the last quarter of a trial's per-step values, three at least: what it is
+    scored on."""
+    return values[-max(3, len(values) // 4) :]
 
 
 def _finite_or_none(value: float) -> float | None:
