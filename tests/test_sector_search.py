@@ -5,6 +5,7 @@ the trivial sector."""
 import json
 import time
 
+import numpy as np
 import pytest
 from helpers import assert_one_line_error, run_main, tiny_heisenberg, write_config
 
@@ -132,6 +133,12 @@ def test_the_command_prints_its_choice_and_eds_check(tmp_path, capsys):
     config = from_dict(_ring_config(tmp_path, 6))
     e0 = exact.ground_state(build_hamiltonian(config), use_cache=False).energy
     assert winner["variance"] < 1e-6 and abs(winner["zero_variance"] - e0) < 1e-6  # 2e-11
+    # every step of the race is kept, and the score is read off it
+    for row in data["trials"]:
+        n = row["steps"]
+        assert len(row["energies"]) == len(row["variances"]) == n
+        if n:
+            assert np.mean(row["energies"][-max(3, n // 4) :]) == pytest.approx(row["energy"])
     code, _, err = run_main(capsys, "sectors", path, "--seconds", "0")
     assert_one_line_error(code, err, "--seconds=0")
 

@@ -69,7 +69,8 @@ class Trial:
 @dataclass
 class SearchResult:
     """The trials, best first (refused ones last), and the chosen sector with its margin:
-    (runner-up's score − the best's) / their combined error, inf with a single candidate."""
+    (runner-up's score − the best's) / their combined error, inf with a single candidate.
+    `rows` gives each trial's summary and its energy and variance at every step."""
 
     trials: list[Trial]
     chosen: Sector
@@ -94,6 +95,10 @@ class SearchResult:
                     "steps": len(trial.energies),
                     "rounds": trial.rounds,
                     "refused": trial.refused,
+                    # the race itself, step by step: how sure the choice is can be read
+                    # off the curves, and another rule tried on them
+                    "energies": [float(e) for e in trial.energies],
+                    "variances": [float(v) for v in trial.variances],
                 }
             )
         return rows
