@@ -18,7 +18,7 @@ from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
 from vitqs.physics.symmetry import ground_state_sector
-from vitqs.sector_search import search, trial_config
+from vitqs.sector_search import exact_levels, search, trial_config
 
 # (lattice, J2): ground states at k = π, in odd reflection sectors, at a zone-boundary
 # momentum of a triangular cluster, and the kagome 2×3's [1, 0] with odd reflection
@@ -192,3 +192,45 @@ def test_a_search_given_too_little_time_says_how_long_it_needs(tmp_path, capsys)
     assert code == 0, err
     assert "sector search: 4 candidates at" in err and "more than the 0.05 s given it" in err
     assert "chosen  k=[3] chi=++ flip -1" in out
+
+
+@pytest.mark.parametrize(
+    "lattice",
+    [
+        {"shape": [8], "pbc": True},  # 70 states: the dense path
+        {"kind": "kagome", "shape": [2, 2], "pbc": True},  # 924 states: Lanczos
+    ],
+    ids=["J1-J2 ring 8", "kagome 2x2"],
+)
+def test_each_candidate_sectors_exact_level_is_an_eigenvalue_and_eds_sector_holds_e0(
+    tmp_path, lattice
+):
+    config = from_dict(_ring_config(tmp_path, None, j2=0.7, lattice=lattice))
+    hamiltonian = build_hamiltonian(config)
+    matrix = hamiltonian.to_sparse().toarray()
+    spectrum = np.linalg.eigvalsh(matrix)
+    e0 = spectrum[0]
+    ground = ground_state_sector(hamiltonian, np.linalg.eigh(matrix)[1][:, 0])
+    levels = exact_levels(config)
+    assert len(levels) == len(candidates(hamiltonian.lattice, spin_flip=True))
+    found = [level for _, level in levels if level is not None]
+    assert min(found) == pytest.approx(e0, abs=1e-9)
+    for sector, level in levels:
+        if level is None:
+            continue
+        assert np.min(np.abs(spectrum - level)) < 1e-9, sector.label()  # a level of H
+        assert level > e0 - 1e-9
+        if same_sector(hamiltonian.lattice, sector, ground):
+            assert level == pytest.approx(e0, abs=1e-9)
+        else:  # a ground state that is not degenerate lies in one sector only
+            assert level > e0 + 1e-6, sector.label()
+
+
+def test_ed_prints_each_candidate_sectors_lowest_level(tmp_path, capsys):
+    path = write_config(tmp_path / "ring6.yaml", _ring_config(tmp_path, 6))
+    code, out, err = run_main(capsys, "ed", path, "--sectors", "--json")
+    assert code == 0, err
+    data = json.loads(out.strip().splitlines()[-1])
+    rows = {row["sector"]: row["energy"] for row in data["sector_levels"]}
+    assert rows["k=[3] chi=++ flip -1"] == pytest.approx(data["energy"], abs=1e-10)
+    assert "k=[3] chi=++ flip -1" in out and "above E_0" in out

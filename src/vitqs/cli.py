@@ -34,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     ed = commands.add_parser("ed", help="exact ground-state energy of a config's Hamiltonian")
     _add_config_arguments(ed)
     ed.add_argument("--no-cache", action="store_true", help="solve again, ignoring the ED cache")
+    ed.add_argument(
+        "--sectors",
+        action="store_true",
+        help="also the lowest level of each candidate sector of a sector search",
+    )
 
     run = commands.add_parser("run", help="optimize a ground state and write results/<name>.h5")
     _add_config_arguments(run)
@@ -111,9 +116,27 @@ def _cmd_ed(args) -> int:
     print(f"  sector           {_sector_text(summary['sector'])}")
     cached = " (from cache)" if summary["cached"] else ""
     print(f"  seconds          {summary['seconds']:.3f}{cached}")
+    if args.sectors:
+        summary["sector_levels"] = _print_sector_levels(config, summary["energy"])
     if args.json:
         print(json_line(summary))
     return 0
+
+
+def _print_sector_levels(config, energy: float) -> list[dict]:
+    """Prints the lowest exact level of each candidate sector (`sector_search.exact_levels`)
+    and its height above the ground state; returns them as rows for ``--json``."""
+    from vitqs.sector_search import exact_levels
+
+    print(f"  {'candidate sector':<28} {'lowest level':>18} {'above E_0':>11}")
+    rows = []
+    for sector, level in exact_levels(config):
+        if level is None:
+            print(f"  {sector.label():<28} {'no state':>18}")
+        else:
+            print(f"  {sector.label():<28} {level:>18.10f} {level - energy:>11.3e}")
+        rows.append({"sector": sector.label(), **sector.keys(), "energy": level})
+    return rows
 
 
 def _sector_text(sector: dict) -> str:

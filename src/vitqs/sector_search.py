@@ -28,6 +28,8 @@ from vitqs.distributed import agree_max
 from vitqs.errors import first_line
 from vitqs.extrapolation import stage_extrapolation
 from vitqs.models.sectors import Sector, candidates
+from vitqs.models.symmetrize import little_space_group
+from vitqs.physics.symmetry import lowest_level
 from vitqs.vmc.driver import NonFiniteEnergyError
 
 # Steps of the first round when no time is given (each later round doubles them), and the
@@ -184,6 +186,23 @@ def candidates_of(config: Config) -> list[Sector]:
     hamiltonian = build_hamiltonian(config)
     spins = isinstance(config.hamiltonian, HeisenbergConfig)
     return candidates(hamiltonian.lattice, spin_flip=spins and config.hamiltonian.total_sz == 0)
+
+
+def exact_levels(config: Config) -> list[tuple[Sector, float | None]]:
+    """Returns each candidate sector (`candidates_of`) with its lowest exact level, by
+    Lanczos on the sector's projection of the Hamiltonian's matrix (`physics.symmetry.
+    lowest_level`; None where the sector holds no state): what a search's short runs are
+    racing towards, and the gaps that decide how long they must run. Where ED fits only."""
+    hamiltonian = build_hamiltonian(config)
+    matrix = hamiltonian.to_sparse()
+    levels = []
+    for sector in candidates_of(config):
+        group, characters = little_space_group(
+            hamiltonian.lattice, list(sector.momentum), list(sector.point_characters)
+        )
+        level = lowest_level(matrix, hamiltonian.hilbert, group, characters, sector.spin_flip)
+        levels.append((sector, level))
+    return levels
 
 
 def _tell_pace(trial: Trial, began: float, n_alive: int, n_rounds: int, seconds, say) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse.linalg as sla
 
 
 @dataclass
@@ -172,3 +173,41 @@ def _point_characters(lattice, hilbert, vector: np.ndarray, momentum) -> list | 
     if np.any(np.abs(chars.imag) > _MIXED) or np.any(np.abs(np.abs(chars) - 1) > _MIXED):
         return None
     return [int(np.sign(c.real)) for c in chars]
+
+
+def lowest_level(matrix, hilbert, group, characters, spin_flip: int = 0) -> float | None:
+    """Returns the lowest eigenvalue of the Hamiltonian ``matrix`` among the states with
+    ``ψ(g x) = χ_g ψ(x)`` for each permutation ``g`` of ``group`` (a group, with the
+    one-dimensional representation ``characters``) and, for ``spin_flip`` = ±1,
+    ``ψ(−x) = s ψ(x)``; None when no state of the sector has them (the characters force
+    ``ψ = 0``).
+
+    Lanczos on ``P (H − c) P`` with ``P = (1/n_G) Σ_g χ̄_g g``, times ``(1 + s F)/2`` for the
+    spin inversion ``F``, the orthogonal projector on those states (``H`` commutes with it):
+    the shift ``c``, a bound on ``‖H‖``, puts every level of the sector below the zeros that
+    ``P`` leaves on the rest, so the lowest eigenvalue found is the sector's, plus ``c``.
+    """
+    states = hilbert.all_states()
+    images = [hilbert.state_index(states[:, perm]) for perm in np.asarray(group)]
+    conjugate = np.conj(np.asarray(characters, dtype=complex)) / len(images)
+    flipped = hilbert.state_index(-states) if spin_flip else None
+
+    def project(vector: np.ndarray) -> np.ndarray:
+        out = sum(c * vector[image] for c, image in zip(conjugate, images, strict=True))
+        return out if flipped is None else (out + spin_flip * out[flipped]) / 2
+
+    shift = float(abs(matrix).sum(axis=1).max())  # ‖H‖ ≤ its largest absolute row sum
+    start = project(np.random.default_rng(0).normal(size=len(states)).astype(complex))
+    if np.linalg.norm(start) < 1e-8 * np.sqrt(len(states)):
+        return None
+    dim = len(states)
+    if dim < 400:  # eigsh needs k < dim: dense on tiny sectors
+        basis = np.stack([project(column) for column in np.eye(dim, dtype=complex)], axis=1)
+        dense = basis.conj().T @ (matrix @ basis) - shift * basis
+        return float(np.linalg.eigvalsh((dense + dense.conj().T) / 2)[0]) + shift
+    operator = sla.LinearOperator(
+        (dim, dim),
+        matvec=lambda v: project(matrix @ project(v) - shift * project(v)),
+        dtype=complex,
+    )
+    return float(sla.eigsh(operator, k=1, which="SA", v0=start, tol=1e-10)[0][0]) + shift
