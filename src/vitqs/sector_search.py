@@ -29,6 +29,7 @@ from vitqs.errors import first_line
 from vitqs.extrapolation import stage_extrapolation
 from vitqs.models.sectors import Sector, candidates
 from vitqs.models.symmetrize import little_space_group
+from vitqs.physics import exact
 from vitqs.physics.symmetry import lowest_level
 from vitqs.vmc.driver import NonFiniteEnergyError
 
@@ -192,8 +193,10 @@ def exact_levels(config: Config) -> list[tuple[Sector, float | None]]:
     """Returns each candidate sector (`candidates_of`) with its lowest exact level, by
     Lanczos on the sector's projection of the Hamiltonian's matrix (`physics.symmetry.
     lowest_level`; None where the sector holds no state): what a search's short runs are
-    racing towards, and the gaps that decide how long they must run. Where ED fits only."""
+    racing towards, and the gaps that decide how long they must run. Where ED fits
+    (``exact.max_dim``) only: `exact.SectorTooLargeError` otherwise."""
     hamiltonian = build_hamiltonian(config)
+    exact.check_dimension(hamiltonian, config.exact.max_dim)
     matrix = hamiltonian.to_sparse()
     levels = []
     for sector in candidates_of(config):

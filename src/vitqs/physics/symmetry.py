@@ -186,8 +186,10 @@ def lowest_level(matrix, hilbert, group, characters, spin_flip: int = 0) -> floa
     spin inversion ``F``, the orthogonal projector on those states (``H`` commutes with it):
     the shift ``c``, a bound on ``‖H‖``, puts every level of the sector below the zeros that
     ``P`` leaves on the rest, so the lowest eigenvalue found is the sector's, plus ``c``.
+    Memory: one index array of the sector's size per element of ``group``.
     """
     states = hilbert.all_states()
+    dim = len(states)
     images = [hilbert.state_index(states[:, perm]) for perm in np.asarray(group)]
     conjugate = np.conj(np.asarray(characters, dtype=complex)) / len(images)
     flipped = hilbert.state_index(-states) if spin_flip else None
@@ -197,13 +199,12 @@ def lowest_level(matrix, hilbert, group, characters, spin_flip: int = 0) -> floa
         return out if flipped is None else (out + spin_flip * out[flipped]) / 2
 
     shift = float(abs(matrix).sum(axis=1).max())  # ‖H‖ ≤ its largest absolute row sum
-    start = project(np.random.default_rng(0).normal(size=len(states)).astype(complex))
-    if np.linalg.norm(start) < 1e-8 * np.sqrt(len(states)):
+    start = project(np.random.default_rng(0).normal(size=dim).astype(complex))
+    if np.linalg.norm(start) < 1e-8 * np.sqrt(dim):  # a random vector's part there: ~√d
         return None
-    dim = len(states)
     if dim < 400:  # eigsh needs k < dim: dense on tiny sectors
-        basis = np.stack([project(column) for column in np.eye(dim, dtype=complex)], axis=1)
-        dense = basis.conj().T @ (matrix @ basis) - shift * basis
+        projector = np.stack([project(column) for column in np.eye(dim, dtype=complex)], axis=1)
+        dense = projector.conj().T @ (matrix @ projector) - shift * projector
         return float(np.linalg.eigvalsh((dense + dense.conj().T) / 2)[0]) + shift
     operator = sla.LinearOperator(
         (dim, dim),
