@@ -234,3 +234,10 @@ def test_ed_prints_each_candidate_sectors_lowest_level(tmp_path, capsys):
     rows = {row["sector"]: row["energy"] for row in data["sector_levels"]}
     assert rows["k=[3] chi=++ flip -1"] == pytest.approx(data["energy"], abs=1e-10)
     assert "k=[3] chi=++ flip -1" in out and "above E_0" in out
+
+
+def test_exact_levels_refuse_a_sector_above_exact_max_dim(tmp_path):
+    data = _ring_config(tmp_path, 8)
+    data["exact"] = {"max_dim": 10}  # the ring of 8 at S^z = 0 has 70 states
+    with pytest.raises(exact.SectorTooLargeError, match="max_dim=10"):
+        exact_levels(from_dict(data))
