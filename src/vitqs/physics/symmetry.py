@@ -206,9 +206,10 @@ def lowest_level(matrix, hilbert, group, characters, spin_flip: int = 0) -> floa
         projector = np.stack([project(column) for column in np.eye(dim, dtype=complex)], axis=1)
         dense = projector.conj().T @ (matrix @ projector) - shift * projector
         return float(np.linalg.eigvalsh((dense + dense.conj().T) / 2)[0]) + shift
-    operator = sla.LinearOperator(
-        (dim, dim),
-        matvec=lambda v: project(matrix @ project(v) - shift * project(v)),
-        dtype=complex,
-    )
+
+    def shifted(vector: np.ndarray) -> np.ndarray:  # P (H − c) P v, projecting v once
+        inside = project(vector)
+        return project(matrix @ inside - shift * inside)
+
+    operator = sla.LinearOperator((dim, dim), matvec=shifted, dtype=complex)
     return float(sla.eigsh(operator, k=1, which="SA", v0=start, tol=1e-10)[0][0]) + shift
