@@ -23,6 +23,7 @@ from vitqs.config import from_dict, recipe_followed
 from vitqs.models.sectors import Sector, same_sector
 from vitqs.physics.symmetry import ground_state_sector
 from vitqs.recipes import problem_class
+from vitqs.sector_search import SignPrior, prior_config
 
 # the systems of results/accuracy.md's defaults table, and two lattices more
 DEFAULTS_TABLE = {
@@ -61,10 +62,16 @@ def test_the_recipe_builds_on_every_system_of_the_defaults_table(name):
     followed = recipe_followed(config)
     assert followed["sections"] == ["model", "sampler", "optimizer", "final"]
     assert followed["class"] == problem_class(config.hamiltonian)
-    hamiltonian = build_hamiltonian(config)
-    model = build_network(config, hamiltonian)
-    final_network(config, model, hamiltonian.lattice)
-    assert sum(p.numel() for p in model.parameters()) > 0
+    if config.model.sign_prior == "search":  # the run races the priors: each must build
+        assert name == "triangular_6x4"
+        configs = [prior_config(config, SignPrior(p)) for p in ("none", "stripes_x")]
+    else:
+        configs = [config]
+    for config in configs:
+        hamiltonian = build_hamiltonian(config)
+        model = build_network(config, hamiltonian)
+        final_network(config, model, hamiltonian.lattice)
+        assert sum(p.numel() for p in model.parameters()) > 0
 
 
 def test_each_class_takes_its_measured_recipe():
@@ -101,6 +108,11 @@ def test_each_class_takes_its_measured_recipe():
     build_network(at_k, build_hamiltonian(at_k))  # the ground state's k = (π, 0) is carried
     # wider patches carry the momenta of whole-patch shifts only: the recipe claims k = 0
     assert frustrated.model.sector == "given"
+    # no Marshall sign without a bipartition: the triangular lattice races the sign priors,
+    # the square lattice's J1-J2 (met without a prior) does not
+    triangular = from_dict(_minimal(*DEFAULTS_TABLE["triangular_6x4"]))
+    assert triangular.model.sign_prior == "search" and triangular.model.sector == "given"
+    assert frustrated.model.sign_prior == kagome.model.sign_prior == "none"
 
 
 def test_a_written_section_is_the_users_and_the_others_stay_the_recipes():

@@ -81,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="steps of the first round without --seconds (doubling each round)",
     )
+    sectors.add_argument(
+        "--sign-prior",
+        action="store_true",
+        help="race the sign priors (model.sign_prior) instead of the sectors",
+    )
 
     bench = commands.add_parser("bench", help="benchmarks: accuracy against ED, speed per step")
     benches = bench.add_subparsers(dest="bench", required=True)
@@ -268,21 +273,24 @@ def _cmd_lanczos(args) -> int:
 def _cmd_sectors(args) -> int:
     from vitqs.build import build_hamiltonian, run_exact
     from vitqs.models.sectors import same_sector
-    from vitqs.sector_search import FIRST_STEPS, search
+    from vitqs.sector_search import FIRST_STEPS, search, search_sign_prior
 
     if args.seconds is not None and not 0 < args.seconds <= 1e7:
         raise ConfigError(f"sectors: --seconds={args.seconds:g} must be in (0, 1e7]")
     if args.first_steps is not None and args.first_steps < 1:
         raise ConfigError(f"sectors: --first-steps={args.first_steps} must be >= 1")
     config = load(args.config, args.overrides)
-    result = search(
+    race = search_sign_prior if args.sign_prior else search
+    result = race(
         config,
         seconds=args.seconds,
         first_steps=args.first_steps or FIRST_STEPS,
         say=lambda line: print(line, file=sys.stderr),
     )
-    print(f"{config.name}: {len(result.trials)} candidate sectors, {result.seconds:.1f} s")
-    print(f"  {'sector':<36} {'late energy ± σ':<28} {'variance':>9}  {'zero-variance E ± σ':<26}")
+    what = "sign priors" if args.sign_prior else "candidate sectors"
+    print(f"{config.name}: {len(result.trials)} {what}, {result.seconds:.1f} s")
+    header = f"{'late energy ± σ':<28} {'variance':>9}  {'zero-variance E ± σ':<26}"
+    print(f"  {'candidate':<36} {header}")
     for row in result.rows():
         energy = "" if row["energy"] is None else f"{row['energy']:.8f} ± {row['energy_error']:.1e}"
         variance = "" if row["variance"] is None else f"{row['variance']:.2e}"
@@ -290,15 +298,17 @@ def _cmd_sectors(args) -> int:
         zero = "" if zero is None else f"{zero:.6f} ± {row['zero_variance_error']:.1e}"
         why = f"  {row['refused']}" if row["refused"] else ""
         print(
-            f"  {row['sector']:<36} {energy:<28} {variance:>9}  {zero:<26} "
+            f"  {row['candidate']:<36} {energy:<28} {variance:>9}  {zero:<26} "
             f"{row['steps']:>5} steps{why}"
         )
     chosen = result.chosen
     print(f"chosen  {chosen.label()}, {result.margin_sigma:.3g} σ below the runner-up")
-    print(
-        f"        model: {{momentum: {list(chosen.momentum)}, point_characters: "
-        f"{list(chosen.point_characters)}, spin_flip: {chosen.spin_flip}}}"
-    )
+    keys = ", ".join(f"{key}: {json.dumps(value)}" for key, value in chosen.keys().items())
+    print(f"        model: {{{keys}}}")
+    if args.sign_prior:  # ED has no sign prior to check the choice against
+        if args.json:
+            print(json_line(_race_json(result, None)))
+        return 0
     check = None
     if config.exact.enabled is not False:
         try:
@@ -309,18 +319,18 @@ def _cmd_sectors(args) -> int:
             check = same_sector(build_hamiltonian(config).lattice, chosen, exact_sector)
             print(f"ED      {_sector_text(exact_sector)}: {'agrees' if check else 'DIFFERS'}")
     if args.json:
-        print(
-            json_line(
-                {
-                    "chosen": chosen.keys(),
-                    "margin_sigma": result.margin_sigma,
-                    "seconds": result.seconds,
-                    "ed_agrees": check,
-                    "trials": result.rows(),
-                }
-            )
-        )
+        print(json_line(_race_json(result, check)))
     return 0
+
+
+def _race_json(result, ed_agrees) -> dict:
+    return {
+        "chosen": result.chosen.keys(),
+        "margin_sigma": result.margin_sigma,
+        "seconds": result.seconds,
+        "ed_agrees": ed_agrees,
+        "trials": result.rows(),
+    }
 
 
 def _cmd_sweep(args) -> int:

@@ -329,7 +329,7 @@ EMBEDDINGS = ("linear", "onehot")
 SYMMETRIZE = ("none", "translations", "space_group")
 SPIN_FLIPS = (0, 1, -1)  # the eigenvalue of spin inversion projected on (0: none)
 # a fixed sign (−1)^(up spins on the cells of odd n_x | odd n_y | odd n_x + n_y) on ψ
-SIGN_PRIORS = ("none", "stripes_x", "stripes_y", "stripes_xy")
+SIGN_PRIORS = ("none", "stripes_x", "stripes_y", "stripes_xy", "search")
 DTYPES = ("float64", "float32")
 LATTICE_KINDS = ("chain", "square", "triangular", "honeycomb", "kagome", "ladder")
 # sites per unit cell of the kinds with a basis (every other kind has one)
@@ -605,9 +605,13 @@ class ModelConfig(Section):
         doc="Multiply ψ by the fixed sign (−1)^(up spins on the marked cells): cells of odd n_x, "
         "odd n_y or odd n_x + n_y (`stripes_xy` is the Marshall sign on the square lattice); the "
         "network learns the sign structure relative to it. A complex ViT of spins only; needs an "
-        "even extent along a periodic marked axis. Measured on the triangular 6×4 in "
-        "results/history/accuracy_notes.md.",
-        allowed="`none` | `stripes_x` | `stripes_y` | `stripes_xy`",
+        "even extent along a periodic marked axis. `search`: the run races short runs of every "
+        "prior the lattice takes before its steps (successive halving by energy, as "
+        "`model.sector: search`; `vitqs sectors --sign-prior` runs it alone) and trains on with "
+        "the winner; kept in the results file. The recipe of spins without a sign rule searches "
+        "on the triangular lattice, where a wrong prior stalls in an excited singlet "
+        "(docs/new_system.md).",
+        allowed="`none` | `stripes_x` | `stripes_y` | `stripes_xy` | `search`",
     )
     init_from: str | None = option(
         None,
@@ -1449,7 +1453,14 @@ def _check_sign_prior(config: Config) -> None:
             f"hamiltonian.kind=heisenberg (got {config.hamiltonian.kind}); or set "
             "model.sign_prior=none"
         )
-    if prior != "stripes_x" and len(config.lattice.shape) == 1:
+    if prior == "search" and (model.sector == "search" or model.init_from is not None):
+        given = "model.sector=search" if model.sector == "search" else "model.init_from"
+        raise ConfigError(
+            f"model.sign_prior=search races the priors from random starts, one search a run; "
+            f"{given} is another start: set model.sign_prior to one of none, stripes_x, "
+            "stripes_y, stripes_xy"
+        )
+    if prior not in ("stripes_x", "search") and len(config.lattice.shape) == 1:
         raise ConfigError(
             f"model.sign_prior={prior} needs a 2-d lattice, got lattice.shape="
             f"{config.lattice.shape}; a chain allows none or stripes_x"

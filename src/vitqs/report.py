@@ -106,6 +106,8 @@ def _notes(records, unwritten=()) -> str:
             lines.append(f"- {record.name}: {lanczos_text(record.lanczos)}")
         if record.sector_search:
             lines.append(f"- {record.name}: {sector_search_text(record.sector_search)}")
+        if record.sign_prior_search:
+            lines.append(f"- {record.name}: {sign_prior_search_text(record.sign_prior_search)}")
         recipe = recipe_text(record.recipe) if record.recipe else ""
         if recipe:
             lines.append(f"- {record.name}: {recipe}")
@@ -139,6 +141,21 @@ def sector_search_text(kept: str) -> str:
         )
     except (ValueError, KeyError, TypeError):
         return "sector search: its record does not read"
+
+
+def sign_prior_search_text(kept: str) -> str:
+    """Returns a results file's sign prior race (``model.sign_prior: search``) as one line;
+    said unreadable, not raised, where it is not the JSON a run writes."""
+    try:
+        data = json.loads(kept)
+        margin = data["margin_sigma"]
+        margin = "alone" if margin is None else f"{float(margin):.3g} σ below the runner-up"
+        return (
+            f"sign prior search: {data['chosen']['sign_prior']} out of {len(data['trials'])} "
+            f"candidates ({margin}, {float(data['seconds']):.0f} s)"
+        )
+    except (ValueError, KeyError, TypeError):
+        return "sign prior search: its record does not read"
 
 
 def lanczos_text(row: dict) -> str:

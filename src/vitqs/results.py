@@ -19,6 +19,7 @@ Layout (format_version 2)::
                                  run's reason), initial_state (seed | previous point |
                                  init_from; both absent in older files), sector_search
                                  (JSON: the choice and table of model.sector: search),
+                                 sign_prior_search (the same, of model.sign_prior: search),
                                  recipe (JSON: the class and the sections from its recipe),
                                  compiled_chains (1 when the chains' network was compiled)
     /history/<field>      1-D, one entry per iteration, resizable; fields = HISTORY_FIELDS
@@ -259,6 +260,8 @@ class RunRecord:
     initial_state: str = ""
     # ``model.sector: search``: the search's choice, margin, seconds and table, as JSON text
     sector_search: str = ""
+    # ``model.sign_prior: search``: the race's choice, margin, seconds and table, as JSON text
+    sign_prior_search: str = ""
     # the recipe the config followed (`config.recipe_followed`: class, name, sections), JSON text
     recipe: str = ""
     # whether the chains' network went through torch.compile (`build.compiled_chains`)
@@ -534,6 +537,8 @@ def _write_root_attrs(f: h5py.File, record: RunRecord) -> None:
         f.attrs["initial_state"] = record.initial_state
     if record.sector_search:
         f.attrs["sector_search"] = record.sector_search
+    if record.sign_prior_search:
+        f.attrs["sign_prior_search"] = record.sign_prior_search
     if record.recipe:
         f.attrs["recipe"] = record.recipe
     if record.compiled_chains:
@@ -620,6 +625,9 @@ def _read_file(f: h5py.File, path: Path) -> RunRecord:
         failure=attrs.text("failure") if "failure" in f.attrs else "",
         initial_state=attrs.text("initial_state") if "initial_state" in f.attrs else "",
         sector_search=attrs.text("sector_search") if "sector_search" in f.attrs else "",
+        sign_prior_search=(
+            attrs.text("sign_prior_search") if "sign_prior_search" in f.attrs else ""
+        ),
         recipe=attrs.text("recipe") if "recipe" in f.attrs else "",
         compiled_chains=bool(attrs.integer("compiled_chains"))
         if "compiled_chains" in f.attrs

@@ -23,7 +23,14 @@ import yaml
 
 from vitqs import checkpoint, distributed, files, results, sector_search, workfile
 from vitqs.build import build_vmc, exact_ground_state, final_network, ground_state_outside
-from vitqs.config import Config, ConfigError, final_open_ended, final_samples, recipe_followed
+from vitqs.config import (
+    SIGN_PRIORS,
+    Config,
+    ConfigError,
+    final_open_ended,
+    final_samples,
+    recipe_followed,
+)
 from vitqs.errors import first_line
 from vitqs.extrapolation import stage_extrapolation
 from vitqs.models import invariances
@@ -128,12 +135,19 @@ def run_config(
     start = time.perf_counter()
     distributed.on_root(lambda: workfile.check_output_dir(config.output.dir))
     followed = None if resume else recipe_followed(config)  # a resumed file keeps its own
-    searched = ""
+    searched, prior_searched = "", ""
     if config.model.sector == "search":
         if resume:  # the sector its steps were made in
             config = _sector_searched_before(config)
         else:
             config, initial_parameters, searched = _search_sector(
+                config, initial_parameters, overwrite
+            )
+    elif config.model.sign_prior == "search":
+        if resume:  # the prior its steps were made with
+            config = _prior_searched_before(config)
+        else:
+            config, initial_parameters, prior_searched = _search_sign_prior(
                 config, initial_parameters, overwrite
             )
     with contextlib.ExitStack() as claim:  # holds the results file's lock until the end
@@ -147,6 +161,8 @@ def run_config(
         )
         if searched:
             run.record.sector_search = searched
+        if prior_searched:
+            run.record.sign_prior_search = prior_searched
         if followed is not None:
             run.record.recipe = json.dumps(followed)
             _say_recipe(config.name, followed)
@@ -177,16 +193,7 @@ def _search_sector(config: Config, initial_parameters, overwrite: bool):
     ``model.symmetrize`` says otherwise, measured over the space group unless
     ``final.symmetrize`` does), the winner's parameters to start from, and the search as the
     results file keeps it (JSON)."""
-    if initial_parameters is not None:
-        raise ConfigError(
-            "model.sector=search starts from a random state in every sector; a sweep's "
-            "warm_start gives one: set warm_start: false, or model.sector: given"
-        )
-    target = results.results_path(config.output.dir, config.name)
-    if not overwrite:  # refused now, not after the search
-        distributed.on_root(lambda: workfile.refuse_existing(target))
-    seconds = None if config.budget is None else SEARCH_SHARE * config.budget
-    say = (lambda line: print(line, file=sys.stderr)) if distributed.is_root() else None
+    seconds, say = _before_a_race(config, initial_parameters, overwrite, "model.sector")
     found = sector_search.search(config, seconds=seconds, say=say)
     chosen = found.chosen
     # the steps average over the translations (a space-group average costs the point group's
@@ -213,16 +220,72 @@ def _search_sector(config: Config, initial_parameters, overwrite: bool):
     return dataclasses.replace(config, model=model, final=final), winner, json.dumps(kept)
 
 
-def _sector_searched_before(config: Config) -> Config:
-    """Returns the config in the sector its results file's search chose (a resume of a
-    ``model.sector: search`` run continues there)."""
+def _before_a_race(config: Config, initial_parameters, overwrite: bool, key: str):
+    """Returns the seconds a search (`key`: search) may take and where it says things;
+    refuses a warm start and, unless ``overwrite``, an existing results file, before it."""
+    if initial_parameters is not None:
+        raise ConfigError(
+            f"{key}=search starts every candidate from a random state; a sweep's "
+            f"warm_start gives one: set warm_start: false, or {key} to a value"
+        )
+    target = results.results_path(config.output.dir, config.name)
+    if not overwrite:  # refused now, not after the search
+        distributed.on_root(lambda: workfile.refuse_existing(target))
+    seconds = None if config.budget is None else SEARCH_SHARE * config.budget
+    say = (lambda line: print(line, file=sys.stderr)) if distributed.is_root() else None
+    return seconds, say
+
+
+def _search_sign_prior(config: Config, initial_parameters, overwrite: bool):
+    """Returns the config with the sign prior the race chose, the winner's parameters to
+    start from, and the race as the results file keeps it (JSON)."""
+    seconds, say = _before_a_race(config, initial_parameters, overwrite, "model.sign_prior")
+    found = sector_search.search_sign_prior(config, seconds=seconds, say=say)
+    chosen = found.chosen
+    if distributed.is_root():
+        print(
+            f"{config.name}: sign prior search chose {chosen.name} out of "
+            f"{len(found.trials)} candidates, {found.margin_sigma:.3g} σ below the runner-up "
+            f"({found.seconds:.1f} s)",
+            file=sys.stderr,
+        )
+    kept = {
+        "chosen": chosen.keys(),
+        "margin_sigma": found.margin_sigma if math.isfinite(found.margin_sigma) else None,
+        "seconds": found.seconds,
+        "trials": [{**row, "refused": row["refused"][:200]} for row in found.rows()],
+    }
+    winner = found.trials[0].vmc.model.state_dict()
+    model = dataclasses.replace(config.model, sign_prior=chosen.name)
+    return dataclasses.replace(config, model=model), winner, json.dumps(kept)
+
+
+def _prior_searched_before(config: Config) -> Config:
+    """Returns the config with the sign prior its results file's race chose (a resume of a
+    ``model.sign_prior: search`` run continues with it)."""
+    record, path = _record_to_resume(config)
+    stored = (checkpoint.stored_config(record) or {}).get("model") or {}
+    prior = stored.get("sign_prior") if isinstance(stored, dict) else None
+    if not record.sign_prior_search or prior not in SIGN_PRIORS or prior == "search":
+        raise ConfigError(f"--resume: '{path}' holds no sign prior search to continue")
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, sign_prior=prior))
+
+
+def _record_to_resume(config: Config):
+    """Returns the results record a resume continues (its pending file first) and its path."""
     target = results.results_path(config.output.dir, config.name)
     pending = workfile.pending_path(target)
     path = pending if pending.exists() else target
     try:
-        record = results.read_results(path)
+        return results.read_results(path), path
     except (OSError, results.ResultsError) as err:
         raise ConfigError(f"--resume: {first_line(err)}") from None
+
+
+def _sector_searched_before(config: Config) -> Config:
+    """Returns the config in the sector its results file's search chose (a resume of a
+    ``model.sector: search`` run continues there)."""
+    record, path = _record_to_resume(config)
     stored = (checkpoint.stored_config(record) or {}).get("model") or {}
     if not record.sector_search or not isinstance(stored, dict):
         raise ConfigError(f"--resume: '{path}' holds no sector search to continue")

@@ -1,7 +1,7 @@
-"""The ground state's symmetry sector found without ED: short runs of the config's own
-network, projected on each candidate sector (`models.sectors.candidates`: one momentum per
-star, each real one-dimensional representation of its little group, each spin inversion
-eigenvalue), compared by energy.
+"""The ground state's symmetry sector, and the sign prior its network learns best with, found
+without ED: short runs of the config's own network, projected on each candidate sector
+(`models.sectors.candidates`: one momentum per star, each real one-dimensional
+representation of its little group, each spin inversion eigenvalue), compared by energy.
 
 Successive halving: every candidate runs a first round; each round keeps the better half by
 the mean energy of its last quarter of steps (at least three), and the survivors run twice as
@@ -12,6 +12,12 @@ to the runner-up, in its combined standard errors, says how far apart the short 
 energies are, not how far they are from converged: a sector slow to learn can lose to one
 whose lowest level lies above. ED, where it exists, checks the choice
 (`physics.symmetry.ground_state_sector`); it never makes it.
+
+The sign prior (``model.sign_prior: search``, `search_sign_prior`) is raced the same way: one
+short run per prior the lattice takes (none and each stripe pattern), kept by energy. Here a
+short race errs the safe way: the prior that matches the ground state's signs is the one the
+network learns fastest with (the triangular 6x4: after 100 steps stripes_x at 0.6 % above E_0,
+the others stuck near the excited singlet 3 % above; docs/new_system.md).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vitqs.build import build_hamiltonian, build_vmc
-from vitqs.config import Config, ConfigError, HeisenbergConfig, from_dict
+from vitqs.config import SIGN_PRIORS, Config, ConfigError, HeisenbergConfig, from_dict
 from vitqs.distributed import agree_max
 from vitqs.errors import first_line
 from vitqs.extrapolation import stage_extrapolation
@@ -40,11 +46,25 @@ from vitqs.vmc.driver import NonFiniteEnergyError
 FIRST_STEPS = 50
 
 
+@dataclass(frozen=True)
+class SignPrior:
+    """A candidate of the sign-prior race, in the config's key ``model.sign_prior``."""
+
+    name: str
+
+    def label(self) -> str:
+        return f"sign_prior={self.name}"
+
+    def keys(self) -> dict:
+        return {"sign_prior": self.name}
+
+
 @dataclass
 class Trial:
-    """One candidate sector's short run: its energies so far, or why it was not run."""
+    """One candidate's short run (a `Sector` or a `SignPrior`): its energies so far, or why
+    it was not run."""
 
-    sector: Sector
+    candidate: Sector | SignPrior
     energies: list[float] = field(default_factory=list)
     variances: list[float] = field(default_factory=list)
     refused: str = ""
@@ -71,12 +91,12 @@ class Trial:
 
 @dataclass
 class SearchResult:
-    """The trials, best first (refused ones last), and the chosen sector with its margin:
+    """The trials, best first (refused ones last), and the chosen candidate with its margin:
     (runner-up's score − the best's) / their combined error, inf with a single candidate.
     `rows` gives each trial's summary and its energy and variance at every step."""
 
     trials: list[Trial]
-    chosen: Sector
+    chosen: Sector | SignPrior
     margin_sigma: float
     seconds: float
 
@@ -88,8 +108,8 @@ class SearchResult:
             zero, zero_error = trial.zero_variance()
             rows.append(
                 {
-                    "sector": trial.sector.label(),
-                    **trial.sector.keys(),
+                    "candidate": trial.candidate.label(),
+                    **trial.candidate.keys(),
                     "energy": None if math.isinf(energy) else energy,
                     "energy_error": None if math.isinf(error) else error,
                     "variance": float(np.mean(late)) if late else None,
@@ -117,6 +137,19 @@ def trial_config(config: Config, sector: Sector) -> Config:
     had won at 1.2 σ."""
     data = config.to_dict()
     data["model"].update(sector="given", symmetrize="space_group", **sector.keys())
+    return _short_run(data)
+
+
+def prior_config(config: Config, prior: SignPrior) -> Config:
+    """Returns ``config`` with the sign prior ``prior``, as a short run (`trial_config`'s)."""
+    data = config.to_dict()
+    data["model"].update(prior.keys())
+    return _short_run(data)
+
+
+def _short_run(data: dict) -> Config:
+    """Returns the config of a race's trial: local energies in float32 unless the config sets
+    their precision, no budget, no reference, steps as many as asked."""
     sampler = data["sampler"]
     if sampler["kind"] == "metropolis" and sampler["local_energy_dtype"] is None:
         # sectors' short runs lie 1e-3 (relative) apart or more; float32 moves a step's
@@ -144,19 +177,41 @@ def search(
     callable taking one line, is told so once the first trial's steps give the pace); None:
     rounds of ``first_steps`` steps, doubling.
     """
+    sectors = candidates_of(config)
+    return _race(config, sectors, trial_config, "sector", seconds, first_steps, say)
+
+
+def search_sign_prior(
+    config: Config,
+    *,
+    seconds: float | None = None,
+    first_steps: int = FIRST_STEPS,
+    say=None,
+):
+    """Returns the `SearchResult` of successive halving over the sign priors
+    (``model.sign_prior``): none and each stripe pattern, those the lattice refuses (an odd
+    periodic extent along the stripes) left out as refused; ``seconds``, ``first_steps`` and
+    ``say`` as `search`'s."""
+    priors = [SignPrior(name) for name in SIGN_PRIORS if name != "search"]
+    return _race(config, priors, prior_config, "sign prior", seconds, first_steps, say)
+
+
+def _race(config, candidates, configure, what, seconds, first_steps, say):
+    """Returns the `SearchResult` of successive halving over ``candidates``, each run as
+    ``configure(config, candidate)``; ``what`` names them in messages."""
     start = time.perf_counter()
-    trials = [Trial(sector) for sector in candidates_of(config)]
+    trials = [Trial(candidate) for candidate in candidates]
     for trial in trials:
         try:
             # short trials: a compile of the chains would not pay back
-            trial.vmc = build_vmc(trial_config(config, trial.sector), compile_chains=False)
+            trial.vmc = build_vmc(configure(config, trial.candidate), compile_chains=False)
         except ConfigError as err:  # the network cannot carry it, or the sector is empty
             trial.refused = str(err)
     alive = [t for t in trials if not t.refused]
     if not alive:
         raise ConfigError(
-            "sector search: the network can be projected on none of the "
-            f"{len(trials)} sectors (the first: {trials[0].refused})"
+            f"{what} search: the network takes none of the {len(trials)} candidates "
+            f"(the first: {trials[0].refused})"
         )
     n_rounds = _halvings(len(alive))
     steps = first_steps
@@ -168,17 +223,17 @@ def search(
                 began = time.perf_counter()
                 _advance(trial, steps, share, least=first_steps)
                 if trial is alive[0] and round_index == 0 and seconds is not None and say:
-                    _tell_pace(trial, began, len(alive), n_rounds, seconds, say)
+                    _tell_pace(trial, began, len(alive), n_rounds, seconds, what, say)
             trial.rounds += 1
         alive = [t for t in alive if not t.refused]
         if not alive:
-            raise ConfigError("sector search: every candidate's energy became non-finite")
+            raise ConfigError(f"{what} search: every candidate's energy became non-finite")
         alive.sort(key=lambda t: t.score()[0])
         alive = alive[: math.ceil(len(alive) / 2)]
         steps *= 2
     ranked = sorted(trials, key=lambda t: (bool(t.refused), -t.rounds, t.score()[0]))
     best = ranked[0]
-    return SearchResult(ranked, best.sector, _margin(ranked), time.perf_counter() - start)
+    return SearchResult(ranked, best.candidate, _margin(ranked), time.perf_counter() - start)
 
 
 def candidates_of(config: Config) -> list[Sector]:
@@ -208,7 +263,7 @@ def exact_levels(config: Config) -> list[tuple[Sector, float | None]]:
     return levels
 
 
-def _tell_pace(trial: Trial, began: float, n_alive: int, n_rounds: int, seconds, say) -> None:
+def _tell_pace(trial: Trial, began: float, n_alive: int, n_rounds: int, seconds, what, say):
     """Says, when the rounds' least steps at the first trial's pace need more than
     ``seconds``, how long the search will take: longer than its share of a budget, the
     steps after it get less."""
@@ -221,7 +276,7 @@ def _tell_pace(trial: Trial, began: float, n_alive: int, n_rounds: int, seconds,
         alive = math.ceil(alive / 2)
     if needed > seconds:
         say(
-            f"sector search: {n_alive} candidates at {per_step:.2g} s a step and "
+            f"{what} search: {n_alive} candidates at {per_step:.2g} s a step and "
             f"{steps} steps a round at least need ~{needed:.0f} s, more than the {seconds:g} s "
             "given it; the search takes them (a shorter one says little about a sector)"
         )

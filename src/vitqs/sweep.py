@@ -118,6 +118,13 @@ def point_configs(spec: dict) -> list:
                 "a random state, and warm_start: true would start it from the previous point; "
                 "set warm_start: false, or model.sector: given with the sector's keys"
             )
+        if spec["warm_start"] and configs and config.model.sign_prior == "search":
+            raise ConfigError(
+                f"sweep point {_point_name(point)[:60]!r}: model.sign_prior=search (written, "
+                "or the recipe of frustrated spins on the triangular lattice) starts every "
+                "prior from a random state, and warm_start: true would start it from the "
+                "previous point; set warm_start: false, or model.sign_prior to a prior"
+            )
         config.name = _point_name(point)
         config.output.dir = str(Path(config.output.dir) / spec["name"])
         configs.append((point, config))

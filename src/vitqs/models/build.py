@@ -89,6 +89,11 @@ def sign_prior_sites(cfg: ModelConfig, lattice, hilbert) -> np.ndarray | None:
     """
     if cfg.sign_prior == "none":
         return None
+    if cfg.sign_prior == "search":  # `vitqs run` races the priors first (sector_search)
+        raise ValueError(
+            "model.sign_prior=search is decided by `vitqs run` before its steps; here set "
+            "one of none, stripes_x, stripes_y, stripes_xy"
+        )
     weights = _STRIPE_AXES[cfg.sign_prior][: lattice.ndim]
     for axis, weight in enumerate(weights):
         if weight and lattice.pbc[axis] and lattice.shape[axis] % 2:
