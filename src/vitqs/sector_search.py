@@ -16,8 +16,9 @@ whose lowest level lies above. ED, where it exists, checks the choice
 The sign prior (``model.sign_prior: search``, `search_sign_prior`) is raced the same way: one
 short run per prior the lattice takes (none and each stripe pattern), kept by energy. Here a
 short race errs the safe way: the prior that matches the ground state's signs is the one the
-network learns fastest with (the triangular 6x4: after 100 steps stripes_x at 0.6 % above E_0,
-the others stuck near the excited singlet 3 % above; docs/new_system.md).
+network learns fastest with (the triangular 6x4, two seeds: after 100 steps stripes_x 0.8 %
+above E_0, stripes_y and stripes_xy near the excited singlet 3 % above, none 3.3 % and 1.0 %;
+docs/new_system.md).
 """
 
 from __future__ import annotations
