@@ -279,7 +279,7 @@ def _tell_pace(trial: Trial, began: float, n_alive: int, n_rounds: int, seconds,
         say(
             f"{what} search: {n_alive} candidates at {per_step:.2g} s a step and "
             f"{steps} steps a round at least need ~{needed:.0f} s, more than the {seconds:g} s "
-            "given it; the search takes them (a shorter one says little about a sector)"
+            "given it; the search takes them (a shorter one says little about a candidate)"
         )
 
 
