@@ -165,6 +165,21 @@ def test_warm_start_across_different_models_is_a_config_error(tmp_path, capsys):
     assert run_files(tmp_path / "out" / "u_scan") == ["d_model=4.h5"]
 
 
+def test_a_warm_started_sweep_of_raced_sign_priors_is_refused_before_it_runs(tmp_path, capsys):
+    # the triangular lattice's recipe races the sign priors from random starts
+    base = {
+        "lattice": {"kind": "triangular", "shape": [4, 4]},
+        "hamiltonian": {"kind": "heisenberg"},
+    }
+    write_config(tmp_path / "tri.yaml", {**base, "output": {"dir": str(tmp_path / "out")}})
+    spec = {"base": "tri.yaml", "sweep": {"hamiltonian.J2": [0.0, 0.1]}, "warm_start": True}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, _, err = run_main(capsys, "sweep", path, "--quiet")
+    assert_one_line_error(code, err, "model.sign_prior=search", "warm_start: false")
+    assert not (tmp_path / "out").exists()  # refused before the first point ran
+
+
 def test_a_warm_started_sweep_of_searched_sectors_is_refused_before_it_runs(tmp_path, capsys):
     # a frustrated ladder of 3 rungs: the recipe patches it one rung at a time and searches
     base = {"lattice": {"kind": "ladder", "shape": [3, 2]}, "hamiltonian": {"kind": "heisenberg"}}
