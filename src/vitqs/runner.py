@@ -204,20 +204,26 @@ def _search_sector(config: Config, initial_parameters, overwrite: bool):
     if chosen.keys().get("point_characters") is not None:  # a sector of the space group
         measured = "space_group"
     final = dataclasses.replace(config.final, symmetrize=measured)
+    winner, kept = _race_outcome(config.name, found, "sector search", chosen.label())
+    return dataclasses.replace(config, model=model, final=final), winner, kept
+
+
+def _race_outcome(name: str, found, what: str, chosen: str):
+    """Says what a search chose and returns the winner's parameters and the search as the
+    results file keeps it (JSON)."""
     if distributed.is_root():
         print(
-            f"{config.name}: sector search chose {chosen.label()} out of {len(found.trials)} "
-            f"candidates, {found.margin_sigma:.3g} σ below the runner-up ({found.seconds:.1f} s)",
+            f"{name}: {what} chose {chosen} out of {len(found.trials)} candidates, "
+            f"{found.margin_sigma:.3g} σ below the runner-up ({found.seconds:.1f} s)",
             file=sys.stderr,
         )
     kept = {
-        "chosen": chosen.keys(),
+        "chosen": found.chosen.keys(),
         "margin_sigma": found.margin_sigma if math.isfinite(found.margin_sigma) else None,
         "seconds": found.seconds,
         "trials": [{**row, "refused": row["refused"][:200]} for row in found.rows()],
     }
-    winner = found.trials[0].vmc.model.state_dict()
-    return dataclasses.replace(config, model=model, final=final), winner, json.dumps(kept)
+    return found.trials[0].vmc.model.state_dict(), json.dumps(kept)
 
 
 def _before_a_race(config: Config, initial_parameters, overwrite: bool, key: str):
@@ -241,23 +247,9 @@ def _search_sign_prior(config: Config, initial_parameters, overwrite: bool):
     start from, and the race as the results file keeps it (JSON)."""
     seconds, say = _before_a_race(config, initial_parameters, overwrite, "model.sign_prior")
     found = sector_search.search_sign_prior(config, seconds=seconds, say=say)
-    chosen = found.chosen
-    if distributed.is_root():
-        print(
-            f"{config.name}: sign prior search chose {chosen.name} out of "
-            f"{len(found.trials)} candidates, {found.margin_sigma:.3g} σ below the runner-up "
-            f"({found.seconds:.1f} s)",
-            file=sys.stderr,
-        )
-    kept = {
-        "chosen": chosen.keys(),
-        "margin_sigma": found.margin_sigma if math.isfinite(found.margin_sigma) else None,
-        "seconds": found.seconds,
-        "trials": [{**row, "refused": row["refused"][:200]} for row in found.rows()],
-    }
-    winner = found.trials[0].vmc.model.state_dict()
-    model = dataclasses.replace(config.model, sign_prior=chosen.name)
-    return dataclasses.replace(config, model=model), winner, json.dumps(kept)
+    winner, kept = _race_outcome(config.name, found, "sign prior search", found.chosen.name)
+    model = dataclasses.replace(config.model, sign_prior=found.chosen.name)
+    return dataclasses.replace(config, model=model), winner, kept
 
 
 def _prior_searched_before(config: Config) -> Config:

@@ -38,6 +38,12 @@ from vitqs.workfile import pending_path
 from vitqs.yamlfile import read_yaml, set_dotted
 
 _SWEEP_KEYS = ("base", "name", "set", "sweep", "warm_start")
+# the searches a run makes from random starts, which a warm start would skip, and where a
+# recipe makes them (`recipes.recipe`)
+_SEARCHES = {
+    "model.sector": "on one-cell patches",
+    "model.sign_prior": "on the triangular lattice",
+}
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -111,19 +117,18 @@ def point_configs(spec: dict) -> list:
         for key, value in {**spec.get("set", {}), **point}.items():
             set_dotted(data, key, value)
         config = from_dict(data, default_name=_point_name(point))
-        if spec["warm_start"] and configs and config.model.sector == "search":
+        searched = [
+            (key, where)
+            for key, where in _SEARCHES.items()
+            if getattr(config.model, key.split(".")[1]) == "search"
+        ]
+        if spec["warm_start"] and configs and searched:
+            key, where = searched[0]
             raise ConfigError(
-                f"sweep point {_point_name(point)[:60]!r}: model.sector=search (written, or "
-                "the recipe of frustrated spins on one-cell patches) starts every sector from "
-                "a random state, and warm_start: true would start it from the previous point; "
-                "set warm_start: false, or model.sector: given with the sector's keys"
-            )
-        if spec["warm_start"] and configs and config.model.sign_prior == "search":
-            raise ConfigError(
-                f"sweep point {_point_name(point)[:60]!r}: model.sign_prior=search (written, "
-                "or the recipe of frustrated spins on the triangular lattice) starts every "
-                "prior from a random state, and warm_start: true would start it from the "
-                "previous point; set warm_start: false, or model.sign_prior to a prior"
+                f"sweep point {_point_name(point)[:60]!r}: {key}=search (written, or the "
+                f"recipe of frustrated spins {where}) starts every candidate from a random "
+                "state, and warm_start: true would start it from the previous point; set "
+                f"warm_start: false, or {key} to a value"
             )
         config.name = _point_name(point)
         config.output.dir = str(Path(config.output.dir) / spec["name"])
