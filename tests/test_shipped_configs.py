@@ -15,7 +15,7 @@ from vitqs.build import (
     final_network,
     ground_state_outside,
 )
-from vitqs.config import ConfigError, load
+from vitqs.config import FIXED_SIGN_PRIORS, ConfigError, load
 from vitqs.models.sectors import same_sector
 from vitqs.physics.symmetry import ground_state_sector
 from vitqs.sector_search import SignPrior, candidates_of, prior_config, trial_config
@@ -39,7 +39,7 @@ def test_a_shipped_config_loads_and_builds(path):
         if config.model.sign_prior == "search":  # the run races the priors: each one builds
             # or is refused by the lattice, and at least one builds
             built = []
-            for name in ("none", "stripes_x", "stripes_y", "stripes_xy"):
+            for name in FIXED_SIGN_PRIORS:
                 try:
                     built.append(build_network(prior_config(config, SignPrior(name)), hamiltonian))
                 except ConfigError as err:

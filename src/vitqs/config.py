@@ -329,7 +329,9 @@ EMBEDDINGS = ("linear", "onehot")
 SYMMETRIZE = ("none", "translations", "space_group")
 SPIN_FLIPS = (0, 1, -1)  # the eigenvalue of spin inversion projected on (0: none)
 # a fixed sign (−1)^(up spins on the cells of odd n_x | odd n_y | odd n_x + n_y) on ψ
-SIGN_PRIORS = ("none", "stripes_x", "stripes_y", "stripes_xy", "search")
+FIXED_SIGN_PRIORS = ("none", "stripes_x", "stripes_y", "stripes_xy")
+# `search`: the run races the fixed ones first (`sector_search.search_sign_prior`)
+SIGN_PRIORS = (*FIXED_SIGN_PRIORS, "search")
 DTYPES = ("float64", "float32")
 LATTICE_KINDS = ("chain", "square", "triangular", "honeycomb", "kagome", "ladder")
 # sites per unit cell of the kinds with a basis (every other kind has one)
@@ -1457,8 +1459,8 @@ def _check_sign_prior(config: Config) -> None:
         given = "model.sector=search" if model.sector == "search" else "model.init_from"
         raise ConfigError(
             f"model.sign_prior=search races the priors from random starts, one search a run; "
-            f"{given} is another start: set model.sign_prior to one of none, stripes_x, "
-            "stripes_y, stripes_xy"
+            f"{given} is another start: set model.sign_prior to one of "
+            f"{', '.join(FIXED_SIGN_PRIORS)}"
         )
     if prior not in ("stripes_x", "search") and len(config.lattice.shape) == 1:
         raise ConfigError(

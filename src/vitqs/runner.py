@@ -24,7 +24,7 @@ import yaml
 from vitqs import checkpoint, distributed, files, results, sector_search, workfile
 from vitqs.build import build_vmc, exact_ground_state, final_network, ground_state_outside
 from vitqs.config import (
-    SIGN_PRIORS,
+    FIXED_SIGN_PRIORS,
     Config,
     ConfigError,
     final_open_ended,
@@ -258,7 +258,7 @@ def _prior_searched_before(config: Config) -> Config:
     record, path = _record_to_resume(config)
     stored = (checkpoint.stored_config(record) or {}).get("model") or {}
     prior = stored.get("sign_prior") if isinstance(stored, dict) else None
-    if not record.sign_prior_search or prior not in SIGN_PRIORS or prior == "search":
+    if not record.sign_prior_search or prior not in FIXED_SIGN_PRIORS:
         raise ConfigError(f"--resume: '{path}' holds no sign prior search to continue")
     return dataclasses.replace(config, model=dataclasses.replace(config.model, sign_prior=prior))
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vitqs.build import build_hamiltonian, build_vmc
-from vitqs.config import SIGN_PRIORS, Config, ConfigError, HeisenbergConfig, from_dict
+from vitqs.config import FIXED_SIGN_PRIORS, Config, ConfigError, HeisenbergConfig, from_dict
 from vitqs.distributed import agree_max
 from vitqs.errors import first_line
 from vitqs.extrapolation import stage_extrapolation
@@ -193,7 +193,7 @@ def search_sign_prior(
     (``model.sign_prior``): none and each stripe pattern, those the lattice refuses (an odd
     periodic extent along the stripes) left out as refused; ``seconds``, ``first_steps`` and
     ``say`` as `search`'s."""
-    priors = [SignPrior(name) for name in SIGN_PRIORS if name != "search"]
+    priors = [SignPrior(name) for name in FIXED_SIGN_PRIORS]
     return _race(config, priors, prior_config, "sign prior", seconds, first_steps, say)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from vitqs.config import ModelConfig
+from vitqs.config import FIXED_SIGN_PRIORS, ModelConfig
 from vitqs.models.symmetrize import Symmetrized, momentum_translations, space_group_average
 from vitqs.models.vit import ViT
 
@@ -92,7 +92,7 @@ def sign_prior_sites(cfg: ModelConfig, lattice, hilbert) -> np.ndarray | None:
     if cfg.sign_prior == "search":  # `vitqs run` races the priors first (sector_search)
         raise ValueError(
             "model.sign_prior=search is decided by `vitqs run` before its steps; here set "
-            "one of none, stripes_x, stripes_y, stripes_xy"
+            f"one of {', '.join(FIXED_SIGN_PRIORS)}"
         )
     weights = _STRIPE_AXES[cfg.sign_prior][: lattice.ndim]
     for axis, weight in enumerate(weights):
