@@ -307,6 +307,24 @@ def test_the_defaults_verdict_follows_from_every_seeds_numbers():
     assert "no: over its budget" in table and "| j1j2_4x4 | 3 | 2 | no |" in table
 
 
+def test_the_readme_summary_of_the_defaults_takes_the_worst_seed():
+    exact = -8.45792
+    sigma = 1e-5 * abs(exact)
+    rows = [
+        _defaults_row(0, exact * (1 - 2e-5), sigma),  # margin 4e-5
+        _defaults_row(1, exact * (1 - 9e-5), sigma, seconds=1190.0),  # margin 1.1e-4: missed
+        _defaults_row(2, exact * (1 - 1e-6), sigma),  # margin 2.1e-5
+    ]
+    summary = accuracy.render_defaults_summary(rows)
+    assert "| j1j2_4x4 | 1e-04 | 2 of 3 | 1.1e-04 | 1190 (1200) | no |" in summary
+    met = [rows[0], rows[2], _defaults_row(3, exact * (1 - 2e-5), sigma)]
+    assert "| 3 of 3 | 4.0e-05 | 1150 (1200) | **yes** |" in accuracy.render_defaults_summary(met)
+    assert "not yet: 2 of 3 seeds run" in accuracy.render_defaults_summary(rows[:2])
+    # a seed within the goal but over its budget is not met here either
+    late = [rows[0], rows[2], _defaults_row(3, exact * (1 - 2e-5), sigma, seconds=1201.0)]
+    assert "| 2 of 3 |" in accuracy.render_defaults_summary(late)
+
+
 @pytest.mark.slow
 def test_a_defaults_run_is_read_back_with_its_seed_and_recipe(tmp_path):
     # the defaults config of the 4x4, at a budget of seconds: the row keeps what the table shows

@@ -81,3 +81,18 @@ def test_the_headline_table_is_the_stored_rows():
         "README's headline is stale: vitqs bench accuracy --report-only rewrites it"
     )
     assert expected.count("\n") >= 4  # rows, not an empty table
+
+
+def test_the_readme_summary_of_the_defaults_is_the_stored_rows():
+    from vitqs.accuracy import load_rows, render_defaults_summary
+
+    rows = load_rows(ROOT / "results" / "benchmarks", "defaults")
+    expected = render_defaults_summary(rows)
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(
+        r"<!-- begin defaults-summary -->\n(.*?)\n<!-- end defaults-summary -->", readme, re.S
+    )
+    assert block and block.group(1) == expected, (
+        "README's defaults summary is stale: vitqs bench accuracy --report-only rewrites it"
+    )
+    assert expected.count("\n") >= 4  # rows, not an empty table

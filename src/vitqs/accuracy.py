@@ -445,6 +445,33 @@ def defaults_row(results_file: Path) -> dict:
     return row
 
 
+def _judged_defaults(rows: list[dict]) -> list[tuple[dict, str, str, str]]:
+    """Returns the defaults rows in the table's order, each with its estimate, margin and
+    verdict: a seed meets the goal by its final Monte Carlo estimate within its budget."""
+    judged = []
+    for row in sorted(rows, key=lambda r: (list(DEFAULT_GOALS).index(r["system"]), r["seed"])):
+        estimate, margin, met = _judged(row, DEFAULT_GOALS[row["system"]])
+        if met == "**yes**" and row["seconds"] > row["budget_seconds"]:
+            met = "no: over its budget"
+        judged.append((row, estimate, margin, met))
+    return judged
+
+
+def _system_verdict(met: list[bool]) -> str:
+    """Returns a system's verdict from its seeds': met when every seed met and at least
+    `MIN_SEEDS` ran."""
+    if len(met) < MIN_SEEDS:
+        return f"not yet: {len(met)} of {MIN_SEEDS} seeds run"
+    return "**yes**" if all(met) else "no"
+
+
+def _by_system(judged) -> dict[str, list]:
+    systems: dict[str, list] = {}
+    for entry in judged:
+        systems.setdefault(entry[0]["system"], []).append(entry)
+    return systems
+
+
 def render_defaults(rows: list[dict]) -> str:
     """Returns the defaults table: one line per run (every seed, a missed one included),
     judged on its final Monte Carlo estimate and its whole run's time against its budget,
@@ -463,17 +490,12 @@ def render_defaults(rows: list[dict]) -> str:
         "met?",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    verdicts = {}
-    for row in sorted(rows, key=lambda r: (list(DEFAULT_GOALS).index(r["system"]), r["seed"])):
-        goal = DEFAULT_GOALS[row["system"]]
-        estimate, margin, met = _judged(row, goal)
-        within = row["seconds"] <= row["budget_seconds"]  # the whole run within its budget
-        if met == "**yes**" and not within:
-            met = "no: over its budget"
-        verdicts.setdefault(row["system"], []).append(met == "**yes**")
+    judged = _judged_defaults(rows)
+    for row, estimate, margin, met in judged:
+        within = row["seconds"] <= row["budget_seconds"]
         cells = [
             row["system"],
-            f"{goal:.0e}",
+            f"{DEFAULT_GOALS[row['system']]:.0e}",
             str(row["seed"]),
             f"{row['budget_seconds']:.0f}",
             f"{row['seconds']:.0f}" + ("" if within else " (over)"),
@@ -485,12 +507,31 @@ def render_defaults(rows: list[dict]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| system | seeds run | seeds met | goal met? |", "|---|---|---|---|"]
-    for system, met in verdicts.items():
-        if len(met) < MIN_SEEDS:
-            verdict = f"not yet: {len(met)} of {MIN_SEEDS} seeds run"
-        else:
-            verdict = "**yes**" if all(met) else "no"
-        lines.append(f"| {system} | {len(met)} | {sum(met)} | {verdict} |")
+    for system, entries in _by_system(judged).items():
+        met = [entry[3] == "**yes**" for entry in entries]
+        lines.append(f"| {system} | {len(met)} | {sum(met)} | {_system_verdict(met)} |")
+    return "\n".join(lines)
+
+
+def render_defaults_summary(rows: list[dict]) -> str:
+    """Returns README's table of the defaults runs, one line a system: its goal, the seeds
+    that met it of those run, the worst seed's margin ``(|ΔE| + 2σ)/|E_ref|``, the longest
+    whole run against the budget, and the verdict."""
+    header = ["system", "goal", "seeds met", "worst seed", "whole run s (budget)", "met?"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for system, entries in _by_system(_judged_defaults(rows)).items():
+        met = [entry[3] == "**yes**" for entry in entries]
+        margins = [float(entry[2]) for entry in entries if entry[2] != "—"]
+        longest = max(entry[0]["seconds"] for entry in entries)
+        cells = [
+            system,
+            f"{DEFAULT_GOALS[system]:.0e}",
+            f"{sum(met)} of {len(met)}",
+            f"{max(margins):.1e}" if margins else "—",
+            f"{longest:.0f} ({entries[0][0]['budget_seconds']:.0f})",
+            _system_verdict(met),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -553,9 +594,13 @@ def write_report(output: Path, rows_dir: Path, readme: Path | None = None) -> No
     defaults = load_rows(rows_dir, "defaults")
     if defaults:
         text = replace_block(text, "defaults-table", render_defaults(defaults))
-    if accuracy and readme is not None and readme.exists():
-        headline = replace_block(readme.read_text(), "headline", render_headline(accuracy))
-        _write_atomic(readme, headline)
+    if readme is not None and readme.exists() and (accuracy or defaults):
+        page = readme.read_text()
+        if defaults:
+            page = replace_block(page, "defaults-summary", render_defaults_summary(defaults))
+        if accuracy:
+            page = replace_block(page, "headline", render_headline(accuracy))
+        _write_atomic(readme, page)
     if accuracy:
         text = replace_block(text, "accuracy-table", render_table(accuracy, "system"))
         text = replace_block(text, "goals-table", render_goals(accuracy))
