@@ -3,6 +3,7 @@ hold ED's, and short runs compared by energy pick it on systems whose ground sta
 the trivial sector."""
 
 import json
+import math
 import time
 
 import numpy as np
@@ -13,12 +14,12 @@ from vitqs import results
 from vitqs.build import build_hamiltonian
 from vitqs.checkpoint import stored_config
 from vitqs.config import from_dict
-from vitqs.models.sectors import candidates, characters, same_sector, stars
+from vitqs.models.sectors import Sector, candidates, characters, same_sector, stars
 from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
 from vitqs.physics.symmetry import ground_state_sector
-from vitqs.sector_search import exact_levels, search, trial_config
+from vitqs.sector_search import Trial, _margin, exact_levels, search, trial_config
 
 # (lattice, J2): ground states at k = π, in odd reflection sectors, at a zone-boundary
 # momentum of a triangular cluster, and the kagome 2×3's [1, 0] with odd reflection
@@ -92,6 +93,18 @@ def test_short_runs_find_eds_sector_where_the_ground_state_is_not_trivial(tmp_pa
     assert not (trivial and sector["spin_flip"] in (None, 1))  # a system worth the test
     assert same_sector(hamiltonian.lattice, found.chosen, sector), found.rows()
     assert found.margin_sigma > 3
+
+
+def test_the_margin_between_noiseless_trials_is_infinite_or_zero():
+    # exact sums in sectors of one state give the same energy every step: no standard error
+    sector = Sector((0,), (1,), 0)
+    low, high = Trial(sector, energies=[-2.0] * 8), Trial(sector, energies=[-1.0] * 8)
+    for trial in (low, high):
+        trial.rounds = 1
+    assert _margin([low, high]) == math.inf
+    assert _margin([low, Trial(sector, energies=[-2.0] * 8, rounds=1)]) == 0.0
+    noisy = Trial(sector, energies=[-1.0, -1.1] * 4, rounds=1)
+    assert 0 < _margin([low, noisy]) < math.inf
 
 
 def test_a_trial_computes_local_energies_in_float32_unless_the_config_says(tmp_path):

@@ -329,4 +329,9 @@ def _margin(ranked: list[Trial]) -> float:
             return math.inf
         finished = contenders[:2]
     (e1, s1), (e2, s2) = finished[0].score(), finished[1].score()
-    return (e2 - e1) / math.hypot(s1, s2) if math.isfinite(s1 + s2) else math.inf
+    scale = math.hypot(s1, s2)
+    if not math.isfinite(scale):
+        return math.inf
+    if scale == 0.0:  # exact sums in sectors of one state: energies without noise
+        return math.inf if e2 > e1 else 0.0
+    return (e2 - e1) / scale
