@@ -521,7 +521,11 @@ def render_defaults_summary(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for system, entries in _by_system(_judged_defaults(rows)).items():
         met = [entry[3] == "**yes**" for entry in entries]
-        margins = [float(entry[2]) for entry in entries if entry[2] != "—"]
+        margins = [
+            goal_margin(row["energy"], row["energy_error"], _reference(row))
+            for row, *_ in entries
+            if _reference(row) is not None
+        ]
         longest = max(entry[0]["seconds"] for entry in entries)
         cells = [
             system,
