@@ -25,6 +25,7 @@ import platform
 import re
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
 import h5py
 import numpy as np
@@ -445,15 +446,28 @@ def defaults_row(results_file: Path) -> dict:
     return row
 
 
-def _judged_defaults(rows: list[dict]) -> list[tuple[dict, str, str, str]]:
-    """Returns the defaults rows in the table's order, each with its estimate, margin and
-    verdict: a seed meets the goal by its final Monte Carlo estimate within its budget."""
+class _Seed(NamedTuple):
+    """One defaults run judged: its row and the cells estimate, margin and verdict."""
+
+    row: dict
+    estimate: str
+    margin: str
+    verdict: str
+
+    @property
+    def met(self) -> bool:
+        return self.verdict == "**yes**"
+
+
+def _judged_defaults(rows: list[dict]) -> list[_Seed]:
+    """Returns the defaults runs in the table's order, judged: a seed meets the goal by its
+    final Monte Carlo estimate within its budget."""
     judged = []
     for row in sorted(rows, key=lambda r: (list(DEFAULT_GOALS).index(r["system"]), r["seed"])):
-        estimate, margin, met = _judged(row, DEFAULT_GOALS[row["system"]])
-        if met == "**yes**" and row["seconds"] > row["budget_seconds"]:
-            met = "no: over its budget"
-        judged.append((row, estimate, margin, met))
+        estimate, margin, verdict = _judged(row, DEFAULT_GOALS[row["system"]])
+        if verdict == "**yes**" and row["seconds"] > row["budget_seconds"]:
+            verdict = "no: over its budget"
+        judged.append(_Seed(row, estimate, margin, verdict))
     return judged
 
 
@@ -465,10 +479,10 @@ def _system_verdict(met: list[bool]) -> str:
     return "**yes**" if all(met) else "no"
 
 
-def _by_system(judged) -> dict[str, list]:
-    systems: dict[str, list] = {}
-    for entry in judged:
-        systems.setdefault(entry[0]["system"], []).append(entry)
+def _by_system(judged: list[_Seed]) -> dict[str, list[_Seed]]:
+    systems: dict[str, list[_Seed]] = {}
+    for seed in judged:
+        systems.setdefault(seed.row["system"], []).append(seed)
     return systems
 
 
@@ -507,8 +521,8 @@ def render_defaults(rows: list[dict]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| system | seeds run | seeds met | goal met? |", "|---|---|---|---|"]
-    for system, entries in _by_system(judged).items():
-        met = [entry[3] == "**yes**" for entry in entries]
+    for system, seeds in _by_system(judged).items():
+        met = [seed.met for seed in seeds]
         lines.append(f"| {system} | {len(met)} | {sum(met)} | {_system_verdict(met)} |")
     return "\n".join(lines)
 
@@ -519,20 +533,20 @@ def render_defaults_summary(rows: list[dict]) -> str:
     whole run against the budget, and the verdict."""
     header = ["system", "goal", "seeds met", "worst seed", "whole run s (budget)", "met?"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for system, entries in _by_system(_judged_defaults(rows)).items():
-        met = [entry[3] == "**yes**" for entry in entries]
+    for system, seeds in _by_system(_judged_defaults(rows)).items():
+        met = [seed.met for seed in seeds]
+        runs = [seed.row for seed in seeds]
         margins = [
-            goal_margin(row["energy"], row["energy_error"], _reference(row))
-            for row, *_ in entries
-            if _reference(row) is not None
+            goal_margin(run["energy"], run["energy_error"], _reference(run))
+            for run in runs
+            if _reference(run) is not None
         ]
-        longest = max(entry[0]["seconds"] for entry in entries)
         cells = [
             system,
             f"{DEFAULT_GOALS[system]:.0e}",
             f"{sum(met)} of {len(met)}",
             f"{max(margins):.1e}" if margins else "—",
-            f"{longest:.0f} ({entries[0][0]['budget_seconds']:.0f})",
+            f"{max(run['seconds'] for run in runs):.0f} ({runs[0]['budget_seconds']:.0f})",
             _system_verdict(met),
         ]
         lines.append("| " + " | ".join(cells) + " |")
