@@ -122,8 +122,7 @@ def test_netket_only_attaches_an_enumerated_peer_with_the_configs_threads(tmp_pa
     overrides = {
         "threads": 1,
         "optimizer.average_from": 0.5,
-        "optimizer.anneal_from": {"J1": 2.0},
-        "optimizer.anneal_until": 0.25,
+        "optimizer.anneal": {"from": {"J1": 2.0}, "until": 0.25},
     }
     ours = bench.run_vitqs(config_dir / "tiny.yaml", overrides, "tiny", rows_dir)
     assert ours["threads"] == 1  # the override, not the config's 2

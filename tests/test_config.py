@@ -149,46 +149,52 @@ BAD = {
         "sampler.machine_pow=1.5 needs sampler.kind=metropolis",
     ),
     "anneal_not_mapping": (
-        lambda d: d["optimizer"].update(anneal_from=0.5, anneal_until=0.3),
-        "optimizer.anneal_from=0.5 (float) must be a mapping",
-    ),
-    "anneal_not_a_number": (
-        lambda d: d["optimizer"].update(anneal_from={"J2": "big"}, anneal_until=0.3),
-        "optimizer.anneal_from.J2",
-    ),
-    "anneal_not_a_coupling": (
-        lambda d: d["optimizer"].update(anneal_from={"U": 2.0}, anneal_until=0.3),
-        "optimizer.anneal_from.U is not a coupling of hamiltonian.kind=heisenberg; allowed: J1, J2",
-    ),
-    "anneal_the_sector": (
-        lambda d: d["optimizer"].update(anneal_from={"total_sz": 1.0}, anneal_until=0.3),
-        "optimizer.anneal_from.total_sz",
+        lambda d: d["optimizer"].update(anneal=0.5),
+        "optimizer.anneal=0.5 must be a mapping of from and until",
     ),
     "anneal_no_until": (
-        lambda d: d["optimizer"].update(anneal_from={"J2": 0.0}),
-        "optimizer.anneal_until is required",
+        lambda d: d["optimizer"].update(anneal={"from": {"J2": 0.0}}),
+        "optimizer.anneal={'from': {'J2': 0.0}} must be a mapping of from and until",
     ),
-    "anneal_until_alone": (
-        lambda d: d["optimizer"].update(anneal_until=0.3),
-        "optimizer.anneal_until=0.3 needs optimizer.anneal_from",
+    "anneal_from_not_mapping": (
+        lambda d: d["optimizer"].update(anneal={"from": 0.5, "until": 0.3}),
+        "optimizer.anneal.from=0.5 (float) must be a mapping",
+    ),
+    "anneal_not_a_number": (
+        lambda d: d["optimizer"].update(anneal={"from": {"J2": "big"}, "until": 0.3}),
+        "optimizer.anneal.from.J2",
+    ),
+    "anneal_not_a_coupling": (
+        lambda d: d["optimizer"].update(anneal={"from": {"U": 2.0}, "until": 0.3}),
+        "optimizer.anneal.from.U is not a coupling of hamiltonian.kind=heisenberg; allowed: J1, J2",
+    ),
+    "anneal_the_sector": (
+        lambda d: d["optimizer"].update(anneal={"from": {"total_sz": 1.0}, "until": 0.3}),
+        "optimizer.anneal.from.total_sz",
     ),
     "anneal_until_zero": (
-        lambda d: d["optimizer"].update(anneal_from={"J2": 0.0}, anneal_until=0),
-        "optimizer.anneal_until",
+        lambda d: d["optimizer"].update(anneal={"from": {"J2": 0.0}, "until": 0}),
+        "optimizer.anneal.until=0.0 must be > 0",
     ),
     "anneal_past_averaging": (
         lambda d: d["optimizer"].update(
-            anneal_from={"J1": 2.0}, anneal_until=0.6, average_from=0.5
+            anneal={"from": {"J1": 2.0}, "until": 0.6}, average_from=0.5
         ),
-        "optimizer.average_from=0.5 must be >= optimizer.anneal_until=0.6",
+        "optimizer.average_from=0.5 must be >= optimizer.anneal.until=0.6",
+    ),
+    # the two keys it was before issue 51: the error writes the one value
+    "anneal_two_keys": (
+        lambda d: d["optimizer"].update(anneal_from={"U": 2.0}, anneal_until=0.25),
+        "optimizer.anneal_from / anneal_until: the anneal is one value now; write "
+        "optimizer.anneal: {from: {U: 2.0}, until: 0.25}",
     ),
     # the target allows a positive ψ, the start of the path does not
     "anneal_from_signs": (
         lambda d: (
             d["model"].update(positive=True),
-            d["optimizer"].update(anneal_from={"J2": 0.5}, anneal_until=0.3),
+            d["optimizer"].update(anneal={"from": {"J2": 0.5}, "until": 0.3}),
         ),
-        "optimizer.anneal_from={'J2': 0.5}: model.positive=true needs",
+        "optimizer.anneal.from={'J2': 0.5}: model.positive=true needs",
     ),
     # a positive ψ for a Hamiltonian with a sign structure: J2 > 0 frustrates the sign rule
     "positive_frustrated": (

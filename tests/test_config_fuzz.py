@@ -77,8 +77,17 @@ def _bad_values(key: str, annotation: str) -> list:
         return ["true", "yes", 1, 0.5, *wrong_type]
     if kind == "list":  # lattice.shape
         return [[], [0], [-2], [1, 2, 3], "4x4", [2.5], [10**20], [4, True], [300, 300]]
-    if kind == "dict":  # optimizer.anneal_from
-        return ["U", [1], {}, {"U": "x"}, {"bogus": 1.0}, {"J1": float("nan")}]
+    if kind == "dict":  # optimizer.anneal
+        return [
+            "U",
+            [1],
+            {},
+            {"from": {"U": "x"}, "until": 0.5},
+            {"from": {"bogus": 1.0}, "until": 0.5},
+            {"from": {"J1": float("nan")}, "until": 0.5},
+            {"from": {"J1": 1.0}, "until": 2.0},
+            {"from": {"J1": 1.0}},
+        ]
     if key in ("device", "output.dir", "model.init_from"):
         return ["", "   ", "a\x00b", "two\nlines", 3, True, *wrong_type] + (
             ["bogus", "cuda:x", "cpu0"] if key == "device" else []

@@ -442,6 +442,19 @@ def test_the_old_optimisation_budget_names_the_whole_runs(tmp_path):
     assert stored == {"optimizer": {}, "budget": pytest.approx(850.0 / OPTIMISATION_SHARE)}
 
 
+def test_a_stored_anneal_of_two_keys_reads_as_the_one_value(tmp_path):
+    # results files written before the anneal became one value store anneal_from and
+    # anneal_until; they resume and report with the same path
+    old = {"anneal_from": {"U": 1.0}, "anneal_until": 0.5, "n_iter": 6}
+    stored = upgrade_stored({"optimizer": old})
+    assert stored["optimizer"] == {"anneal": {"from": {"U": 1.0}, "until": 0.5}, "n_iter": 6}
+    config = from_dict({**tiny_bose_hubbard(tmp_path), **stored})
+    assert config.optimizer.anneal == {"from": {"U": 1.0}, "until": 0.5}
+    assert upgrade_stored({"optimizer": {"anneal_from": None, "anneal_until": None}}) == {
+        "optimizer": {"anneal": None}
+    }
+
+
 @pytest.mark.parametrize("symmetrize", ["translations", "space_group"])
 def test_final_energy_of_the_average_is_itsmodel_energy(tmp_path, symmetrize):
     # full sum: the final energy must be exactly <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained ViT
@@ -527,14 +540,14 @@ def test_a_run_on_samples_of_a_lower_power_measures_the_final_energy_on_psi_squa
 def test_annealed_run_starts_on_the_first_hamiltonian_and_ends_on_the_config_s(tmp_path):
     # full sum, U annealed 1 -> 4 over half of 6 steps: step 0's energy is the Rayleigh
     # quotient of the initial ViT under H(U = 1), built here independently; the steps after
-    # anneal_until, and the final energy, are those of H(U = 4)
+    # the anneal's until, and the final energy, are those of H(U = 4)
     from vitqs.build import Anneal, build_hamiltonian, build_vmc
     from vitqs.physics.operators import BoseHubbard
 
     data = tiny_bose_hubbard(
         tmp_path / "out",
         sampler={"kind": "full_sum"},
-        optimizer={"n_iter": 6, "anneal_from": {"U": 1.0}, "anneal_until": 0.5},
+        optimizer={"n_iter": 6, "anneal": {"from": {"U": 1.0}, "until": 0.5}},
     )
     config = from_dict(data)
     initial = build_vmc(config).model

@@ -182,10 +182,11 @@ def _final_average(symmetrize: str, spin_flip: int = 0) -> str:
 
 
 def _annealed(optimizer) -> str:
-    if optimizer.anneal_from is None:
+    if optimizer.anneal is None:
         return ""
-    start = ", ".join(f"{name} = {value:g}" for name, value in optimizer.anneal_from.items())
-    return f", H annealed from {start} over the first {optimizer.anneal_until:.0%} of the run"
+    path = optimizer.anneal
+    start = ", ".join(f"{name} = {value:g}" for name, value in path["from"].items())
+    return f", H annealed from {start} over the first {path['until']:.0%} of the run"
 
 
 def _averaged(average_from) -> str:

@@ -211,7 +211,7 @@ def build_vmc(config: Config, *, compile_chains: bool | None = None) -> VMC:
         measured = final_network(config, model, hamiltonian.lattice)
         check_sector_not_empty(hamiltonian, measured, "final.symmetrize / final.spin_flip")
     sampler = build_sampler(config, hamiltonian, model, compile_chains=compile_chains)
-    annealed = config.optimizer.anneal_from is not None
+    annealed = config.optimizer.anneal is not None
     return VMC(
         hamiltonian,
         model,
@@ -352,8 +352,8 @@ def run_exact(config: Config, *, use_cache=True) -> dict:
 
 
 class Anneal:
-    """``optimizer.anneal_from``: the couplings the steps optimise move linearly from these
-    starting values to the hamiltonian section's over the first ``anneal_until`` of the run,
+    """``optimizer.anneal``: the couplings the steps optimise move linearly from the values of
+    its ``from`` to the hamiltonian section's over the first ``until`` of the run,
     then stay there. Starting where the ground state is easy to reach (the superfluid, which
     the sampler mixes through; the unfrustrated magnet) and following it into the hard phase
     is a sweep's warm start inside one run and one budget.
@@ -366,13 +366,13 @@ class Anneal:
         self.optimizer, self.end, self.target = config.optimizer, config.hamiltonian, target
 
     def __call__(self, progress: float) -> tuple[object, float]:
-        cfg = self.optimizer
-        if cfg.anneal_from is None or progress >= cfg.anneal_until:
+        path = self.optimizer.anneal
+        if path is None or progress >= path["until"]:
             return self.target, 1.0
-        fraction = progress / cfg.anneal_until
+        fraction = progress / path["until"]
         couplings = {
             name: start + fraction * (getattr(self.end, name) - start)
-            for name, start in cfg.anneal_from.items()
+            for name, start in path["from"].items()
         }
         hamiltonian = hamiltonian_of(
             dataclasses.replace(self.end, **couplings), self.target.lattice

@@ -240,6 +240,23 @@ def real_mapping(example: str):
     return check
 
 
+def anneal_path():
+    """The path of `optimizer.anneal`: ``{from: {coupling: number}, until: fraction}``."""
+    couplings, fraction = real_mapping("{U: 2.0}"), real(positive=True, maximum=1.0)
+
+    def check(key, value):
+        if not isinstance(value, dict) or sorted(value) != ["from", "until"]:
+            raise ConfigError(
+                f"{key}={shown(value)} must be a mapping of from and until, e.g. "
+                "{from: {U: 2.0}, until: 0.25}"
+            )
+        return {"from": couplings(f"{key}.from", value["from"]), "until": fraction(
+            f"{key}.until", value["until"]
+        )}
+
+    return check
+
+
 def optional(checker):
     def check(key, value):
         return None if value is None else checker(key, value)
@@ -785,22 +802,17 @@ class OptimizerConfig(Section):
         "`diag_shift` > 0. null: plain SR / minSR.",
         allowed="float in [0, 0.999], or null",
     )
-    anneal_from: dict | None = option(
+    anneal: dict | None = option(
         None,
-        optional(real_mapping("{U: 3.3}")),
+        optional(anneal_path()),
         doc="Start the Hamiltonian's couplings (Heisenberg `J1`, `J2`; Bose-Hubbard `J`, `U`, "
-        "`mu`) at these values and move them linearly to the hamiltonian section's over the "
-        "first `anneal_until` of the run: the ground state is followed from where it is easy "
-        "to find. The final energy is always the config's Hamiltonian's. null: no annealing.",
-        allowed="mapping of couplings to numbers, e.g. `{U: 3.3}`, or null",
-    )
-    anneal_until: float | None = option(
-        None,
-        optional(real(positive=True, maximum=1.0)),
-        doc="The fraction of the run (of `n_iter` or the budget's share) over which `anneal_from` "
-        "reaches the config's couplings; required with it, and `average_from` must not start "
-        "before it. null: with no `anneal_from`.",
-        allowed="float in (0, 1], or null",
+        "`mu`) at the values of `from` and move them linearly to the hamiltonian section's over "
+        "the first `until` of the run (a fraction of `n_iter` or of the budget's share for the "
+        "steps): the ground state is followed from where it is easy to find. `average_from` "
+        "must not start before `until`. The final energy is always the config's Hamiltonian's. "
+        "null: no annealing.",
+        allowed="`{from: {<coupling>: <number>, ...}, until: <fraction in (0, 1]>}`, e.g. "
+        "`{from: {U: 2.0}, until: 0.25}`, or null",
     )
 
 
@@ -1175,7 +1187,7 @@ _LEGACY_SCHEDULES = ("lr", "diag_shift")
 
 def upgrade_stored(data):
     """Returns a stored config (the ``config_yaml`` of a results file) in today's keys: its
-    schedules of three keys as one value, its optimisation budget ``optimizer.max_seconds``
+    schedules of three keys and its anneal of two as one value each, its optimisation budget ``optimizer.max_seconds``
     as the whole run's (its steps keep their seconds; the ``final.n_samples`` it stored is
     then the final measurement's most). Other data, and today's configs, unchanged."""
     optimizer = data.get("optimizer") if isinstance(data, dict) else None
@@ -1191,7 +1203,17 @@ def upgrade_stored(data):
         final = optimizer.pop(f"{name}_final", None)
         if kind not in (None, "constant") and name in optimizer:
             optimizer[name] = {"schedule": kind, "start": optimizer[name], "end": final}
+    if "anneal_from" in optimizer or "anneal_until" in optimizer:  # two keys before issue 51
+        start, until = optimizer.pop("anneal_from", None), optimizer.pop("anneal_until", None)
+        optimizer["anneal"] = None if start is None else {"from": start, "until": until}
     return {**data, "optimizer": optimizer}
+
+
+def _flow(value) -> str:
+    """Returns a value as YAML writes it on one line (``{from: {U: 2.0}, until: 0.25}``)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    return "null" if value is None else str(value)
 
 
 def _without_retired(data: dict, prefix: str) -> dict:
@@ -1213,8 +1235,8 @@ def _without_retired(data: dict, prefix: str) -> dict:
 
 
 def _refuse_legacy_schedules(data: dict, prefix: str) -> None:
-    """Raises for a schedule written as three keys, naming the one value that says it now,
-    and for the optimisation-only budget, naming the whole run's."""
+    """Raises for a schedule written as three keys or an anneal as two, naming the one value
+    that says it now, and for the optimisation-only budget, naming the whole run's."""
     if prefix != "optimizer.":
         return
     if data.get("max_seconds") is not None:
@@ -1227,12 +1249,16 @@ def _refuse_legacy_schedules(data: dict, prefix: str) -> None:
     for name in _LEGACY_SCHEDULES:
         if f"{name}_final" in data or f"{name}_schedule" in data:
             today = upgrade_stored({"optimizer": data})["optimizer"].get(name)
-            if isinstance(today, dict):  # as YAML writes it
-                today = "{" + ", ".join(f"{k}: {v}" for k, v in today.items()) + "}"
             raise ConfigError(
                 f"optimizer.{name}_final / {name}_schedule: a schedule is one value now; "
-                f"write optimizer.{name}: {today} (a number for a constant)"
+                f"write optimizer.{name}: {_flow(today)} (a number for a constant)"
             )
+    if "anneal_from" in data or "anneal_until" in data:
+        today = upgrade_stored({"optimizer": data})["optimizer"]["anneal"]
+        raise ConfigError(
+            "optimizer.anneal_from / anneal_until: the anneal is one value now; write "
+            f"optimizer.anneal: {_flow(today)}"
+        )
 
 
 def _build(cls, data, prefix: str):
@@ -1541,39 +1567,33 @@ def _check_positive(model: ModelConfig, ham) -> None:
         )
 
 
-# the couplings optimizer.anneal_from may start elsewhere (not the sector: it fixes the space)
+# the couplings optimizer.anneal may start elsewhere (not the sector: it fixes the space)
 _COUPLINGS = {"heisenberg": ("J1", "J2"), "bose_hubbard": ("J", "U", "mu")}
 
 
 def _check_anneal(config: Config) -> None:
     cfg, ham = config.optimizer, config.hamiltonian
-    if cfg.anneal_from is None:
-        if cfg.anneal_until is not None:
-            raise ConfigError(
-                f"optimizer.anneal_until={cfg.anneal_until} needs optimizer.anneal_from "
-                "(the couplings to start from, e.g. {U: 3.3})"
-            )
+    if cfg.anneal is None:
         return
+    start, until = cfg.anneal["from"], cfg.anneal["until"]
     allowed = _COUPLINGS[ham.kind]
-    for name in cfg.anneal_from:
+    for name in start:
         if name not in allowed:
             raise ConfigError(
-                f"optimizer.anneal_from.{name} is not a coupling of hamiltonian.kind={ham.kind}; "
+                f"optimizer.anneal.from.{name} is not a coupling of hamiltonian.kind={ham.kind}; "
                 f"allowed: {', '.join(allowed)}"
             )
-    if cfg.anneal_until is None:
-        raise ConfigError("optimizer.anneal_until is required with optimizer.anneal_from")
-    if cfg.average_from is not None and cfg.average_from < cfg.anneal_until:
+    if cfg.average_from is not None and cfg.average_from < until:
         raise ConfigError(
-            f"optimizer.average_from={cfg.average_from} must be >= optimizer.anneal_until="
-            f"{cfg.anneal_until}: the mean would hold states of another hamiltonian"
+            f"optimizer.average_from={cfg.average_from} must be >= optimizer.anneal.until="
+            f"{until}: the mean would hold states of another hamiltonian"
         )
     # H is linear in the couplings and the sign conditions are linear inequalities: if
     # both ends of the path allow a positive psi, every point between does
     try:
-        _check_positive(config.model, dataclasses.replace(ham, **cfg.anneal_from))
+        _check_positive(config.model, dataclasses.replace(ham, **start))
     except ConfigError as err:
-        raise ConfigError(f"optimizer.anneal_from={cfg.anneal_from}: {err}") from None
+        raise ConfigError(f"optimizer.anneal.from={start}: {err}") from None
 
 
 def _check_momentum(cfg: OptimizerConfig) -> None:

@@ -90,7 +90,7 @@ class HistoryRow:
     seconds_solve: float
     seconds_total: float
     n_samples: float
-    anneal_fraction: float  # 1: the step's hamiltonian is the config's (optimizer.anneal_from)
+    anneal_fraction: float  # 1: the step's hamiltonian is the config's (optimizer.anneal)
 
     @classmethod
     def of(cls, result) -> dict[str, float]:

@@ -75,7 +75,7 @@ class StepResult:
         n_retries: non-finite attempts before this one succeeded.
         timings: seconds per phase: ``sampling``, ``local_energy``, ``jacobian``, ``solve``.
         method: the solve that ran: ``sr`` or ``minsr``, whichever matrix was smaller.
-        anneal_fraction: how far along ``optimizer.anneal_from``'s path the Hamiltonian of
+        anneal_fraction: how far along ``optimizer.anneal``'s path the Hamiltonian of
             the step lies (1: the target).
     """
 
@@ -107,7 +107,7 @@ class VMC:
         sampler: a `Sampler` (Metropolis chains, or exact sums over the sector).
         optimizer: the ``optimizer`` section (None: its defaults): method, the ``lr`` and
             ``diag_shift`` schedules, ``n_iter``, averaging and SPRING momentum.
-            ``anneal_from`` comes in through ``anneal``.
+            ``optimizer.anneal`` comes in through ``anneal``.
         chunk_size: samples per forward pass in local energies and log-derivatives.
         local_energy_dtype: precision of the network copy that evaluates the connected
             configurations in the steps' local energies (None: the model itself). The
