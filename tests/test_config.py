@@ -237,6 +237,11 @@ BAD = {
         lambda d: d["model"].update(symmetrize="translations", momentum=[1, 0]),
         "model.momentum=[1, 0] must hold one integer per axis of lattice.shape=[6]",
     ),
+    # k = 0 written with an axis too many was taken as k = 0 (found by test_config_fuzz)
+    "momentum_zero_per_axis": (
+        lambda d: d["model"].update(momentum=[0, 0]),
+        "model.momentum=[0, 0] must hold one integer per axis of lattice.shape=[6]",
+    ),
     "momentum_beyond_the_zone": (
         lambda d: d["model"].update(symmetrize="translations", momentum=6),
         "model.momentum=[6]: n_0=6 must be below the lattice's 6 cells",

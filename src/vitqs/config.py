@@ -1420,14 +1420,14 @@ def _check_momentum_sector(config: Config) -> None:
     """Raises for a ``model.momentum`` that does not fit the lattice or that no projection
     uses."""
     momentum, model = config.model.momentum, config.model
-    if not momentum or not any(momentum):
-        return
     lattice = config.lattice
     shape = list(lattice.shape)
-    if len(momentum) != len(shape):
+    if momentum is not None and len(momentum) != len(shape):  # k = 0 written [0, 0] too
         raise ConfigError(
             f"model.momentum={momentum} must hold one integer per axis of lattice.shape={shape}"
         )
+    if not momentum or not any(momentum):
+        return
     pbc = pbc_per_axis(lattice.pbc, len(shape), lattice.resolved_kind)
     for axis, (n, extent, periodic) in enumerate(zip(momentum, shape, pbc, strict=True)):
         if not periodic and n:
