@@ -136,7 +136,7 @@ MODES = {
     "eager": Mode(compiled=False),
     "compiled": Mode(),
     # netket's ViT as its peer runs it: one network, no average over translations or spin flip
-    "bare": Mode(("model.symmetrize=none", "model.spin_flip=0")),
+    "bare": Mode(("model.symmetrize=none", "model.sector=null")),
     # compiled chains and the local energies' amplitude ratios from a float32 copy
     "float32": Mode(("sampler.local_energy_dtype=float32",)),
 }

@@ -221,7 +221,7 @@ def model_config(**overrides) -> ModelConfig:
         embedding="linear",
         jastrow=False,
         symmetrize="none",
-        spin_flip=0,
+        sector=None,
     )
     cfg.update(overrides)
     return ModelConfig(**cfg)

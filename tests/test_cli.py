@@ -70,6 +70,38 @@ def test_ed_reports_the_ground_state_sector(tmp_path, capsys, length, momentum, 
     assert f"momentum {momentum}" in out and f"spin inversion {spin_flip:+d}" in out
 
 
+def test_the_sector_ed_prints_is_one_a_model_takes(tmp_path, capsys):
+    # `vitqs ed` prints the ground state's sector as model.sector takes it: given to a ViT
+    # averaged over the ring of 6's space group, the projection holds the exact ground state
+    # (k = π, odd under spin inversion); the same at k = 0 does not
+    import yaml
+
+    from vitqs.build import (
+        build_hamiltonian,
+        build_network,
+        exact_ground_state,
+        ground_state_outside,
+    )
+    from vitqs.config import from_dict
+
+    data = {
+        "lattice": {"shape": [6], "pbc": True},
+        "hamiltonian": {"kind": "heisenberg", "J1": 1.0, "sign_rule": False},
+    }
+    code, out, err = run_main(capsys, "ed", write_config(tmp_path / "ring.yaml", data))
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.strip().startswith("model.sector"))
+    sector = yaml.safe_load(line.split(None, 1)[1])
+    assert sector == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
+    for momentum, inside in (([3], True), ([0], False)):
+        model = {"patch_size": 1, "translation_invariant": False, "symmetrize": "space_group"}
+        config = from_dict({**data, "model": {**model, "sector": {**sector, "momentum": momentum}}})
+        hamiltonian = build_hamiltonian(config)
+        vector = exact_ground_state(config, hamiltonian, return_vector=True).vector
+        outside = ground_state_outside(hamiltonian, build_network(config, hamiltonian), vector)
+        assert (outside is None) == inside, outside
+
+
 def _ring6_run(tmp_path, **model):
     data = tiny_heisenberg(tmp_path / "out", final={"n_samples": 64, "symmetrize": "translations"})
     data["hamiltonian"]["sign_rule"] = False
@@ -88,7 +120,7 @@ def test_a_run_warns_when_its_sector_holds_no_ground_state(tmp_path, capsys):
     assert "shift by [1] cells the ground state takes the factor -1, ψ +1" in warnings[0]
     # the same run at k = π (patches of 2: their shifts have phase 1) is not warned about
     code, _, err = run_main(
-        capsys, "run", _ring6_run(tmp_path, momentum=[3]), "--quiet", "--overwrite"
+        capsys, "run", _ring6_run(tmp_path, sector={"momentum": [3]}), "--quiet", "--overwrite"
     )
     assert code == 0, err
     assert "warning" not in err

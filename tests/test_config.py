@@ -229,49 +229,77 @@ BAD = {
         "final.spin_flip=-1 needs spins",
     ),
     "final_spin_flip_against_the_model": (
-        lambda d: (d["final"].update(spin_flip=-1), d["model"].update(spin_flip=1)),
-        "final.spin_flip=-1 contradicts model.spin_flip=1",
+        lambda d: (d["final"].update(spin_flip=-1), d["model"].update(sector={"spin_flip": 1})),
+        "final.spin_flip=-1 contradicts model.sector.spin_flip=1",
     ),
     "final_spin_flip_choice": (lambda d: d["final"].update(spin_flip=2), "final.spin_flip"),
+    # the four keys it was before issue 51: the error writes the one value
+    "sector_separate_keys": (
+        lambda d: d["model"].update(symmetrize="translations", momentum=[3], spin_flip=-1),
+        "model.momentum / point_characters / spin_flip: the sector is one value now; write "
+        "model.sector: {momentum: [3], spin_flip: -1}",
+    ),
+    "sector_given": (
+        lambda d: d["model"].update(sector="given"),
+        "the sector is one value now; write model.sector: null",
+    ),
+    "sector_not_a_mapping": (
+        lambda d: d["model"].update(sector=3),
+        "model.sector=3 must be search, null or a mapping of momentum, point_characters and "
+        "spin_flip",
+    ),
+    "sector_unknown_key": (
+        lambda d: d["model"].update(sector={"momenta": [3]}),
+        "unknown key 'model.sector.momenta'; did you mean 'model.sector.momentum'?",
+    ),
+    "sector_search_from_a_state": (
+        lambda d: d["model"].update(sector="search", init_from="x.h5"),
+        "model.sector=search finds the sector itself, from a random start; "
+        "model.init_from='x.h5' gives a start",
+    ),
     "momentum_per_axis": (
-        lambda d: d["model"].update(symmetrize="translations", momentum=[1, 0]),
-        "model.momentum=[1, 0] must hold one integer per axis of lattice.shape=[6]",
+        lambda d: d["model"].update(symmetrize="translations", sector={"momentum": [1, 0]}),
+        "model.sector.momentum=[1, 0] must hold one integer per axis of lattice.shape=[6]",
     ),
     # k = 0 written with an axis too many was taken as k = 0 (found by test_config_fuzz)
     "momentum_zero_per_axis": (
-        lambda d: d["model"].update(momentum=[0, 0]),
-        "model.momentum=[0, 0] must hold one integer per axis of lattice.shape=[6]",
+        lambda d: d["model"].update(sector={"momentum": [0, 0]}),
+        "model.sector.momentum=[0, 0] must hold one integer per axis of lattice.shape=[6]",
     ),
     "momentum_beyond_the_zone": (
-        lambda d: d["model"].update(symmetrize="translations", momentum=6),
-        "model.momentum=[6]: n_0=6 must be below the lattice's 6 cells",
+        lambda d: d["model"].update(symmetrize="translations", sector={"momentum": 6}),
+        "model.sector.momentum=[6]: n_0=6 must be below the lattice's 6 cells",
     ),
     "momentum_negative": (
-        lambda d: d["model"].update(symmetrize="translations", momentum=[-1]),
-        "model.momentum[0]",
+        lambda d: d["model"].update(symmetrize="translations", sector={"momentum": [-1]}),
+        "model.sector.momentum[0]",
     ),
     "momentum_open_axis": (
         lambda d: (
-            d["model"].update(symmetrize="translations", momentum=[1]),
+            d["model"].update(symmetrize="translations", sector={"momentum": [1]}),
             d["lattice"].update(pbc=False),
         ),
-        "model.momentum=[1] has a momentum along axis 0, which is open",
+        "model.sector.momentum=[1] has a momentum along axis 0, which is open",
     ),
     "point_characters_without_the_space_group": (
-        lambda d: d["model"].update(symmetrize="translations", point_characters=[1, -1]),
-        "model.point_characters=[1, -1] select a sector of the space group",
+        lambda d: d["model"].update(
+            symmetrize="translations", sector={"point_characters": [1, -1]}
+        ),
+        "model.sector.point_characters=[1, -1] select a sector of the space group",
     ),
     "point_characters_not_a_sign": (
-        lambda d: d["model"].update(symmetrize="space_group", point_characters=[1, 2]),
-        "model.point_characters=[1, 2] must hold +1 or -1 only",
+        lambda d: d["model"].update(symmetrize="space_group", sector={"point_characters": [1, 2]}),
+        "model.sector.point_characters=[1, 2] must hold +1 or -1 only",
     ),
     "momentum_without_a_projection": (
-        lambda d: d["model"].update(momentum=[3]),
-        "model.momentum=[3] needs model.symmetrize or final.symmetrize: translations",
+        lambda d: d["model"].update(sector={"momentum": [3]}),
+        "model.sector.momentum=[3] needs model.symmetrize or final.symmetrize: translations",
     ),
     "momentum_positive": (
-        lambda d: d["model"].update(symmetrize="translations", momentum=[3], positive=True),
-        "model.momentum=[3] needs a complex ψ",
+        lambda d: d["model"].update(
+            symmetrize="translations", sector={"momentum": [3]}, positive=True
+        ),
+        "model.sector.momentum=[3] needs a complex ψ",
     ),
 }
 

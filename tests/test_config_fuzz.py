@@ -51,7 +51,14 @@ _SCHEDULES = [{"schedule": "linear", "start": 1, "end": 2}, {"start": 0.1}]
 SPECIAL = {
     "optimizer.lr": ["abc", -1.0, *NOT_FINITE, *_SCHEDULES, [1, 2]],
     "optimizer.diag_shift": ["abc", -1.0, *NOT_FINITE, *_SCHEDULES, [1, 2]],
-    "model.momentum": [[-1], [6], [0, 0], "k", [1.5], [True], *HUGE],
+    "model.sector": [
+        *({"momentum": k} for k in ([-1], [6], [0, 0], "k", [1.5], [True], *HUGE)),
+        {"spin_flip": 2},
+        {"point_characters": [1, 2]},
+        {"k": [1]},
+        "given",
+        3,
+    ],
     "model.patch_size": ["two", [0], -1, 2.5, [1, 2, 3], 10**20, True],
     # a bool, or one per axis of lattice.shape
     "lattice.pbc": ["true", "yes", 1, 0.5, [1, 2], [True, "no"], [], [True, True, True], {"a": 1}],

@@ -120,15 +120,17 @@ def test_the_ground_state_has_the_singlet_spin_flip_eigenvalue(shape, sign_rule)
     assert eigenvalue == pytest.approx(singlet_spin_flip(n_sites, sign_rule), abs=1e-8)
 
 
-@pytest.mark.parametrize("key", ["model", "final"])
+@pytest.mark.parametrize("key", ["model.sector", "final"])
 def test_a_spin_flip_that_projects_out_the_singlet_is_refused(tmp_path, key):
     data = tiny_heisenberg(tmp_path)  # 6 sites with the sign rule: the singlet has +1
-    data.setdefault(key, {})["spin_flip"] = -1
+    section = data.setdefault(key.split(".")[0], {})
+    where = section.setdefault("sector", {}) if key == "model.sector" else section
+    where["spin_flip"] = -1
     with pytest.raises(ConfigError, match=rf"{key}.spin_flip=-1 projects out the singlet.*\+1"):
         from_dict(data)
     data["hamiltonian"]["sign_rule"] = False  # (−1)^3 = −1 without it
     from_dict(data)
-    data[key]["spin_flip"] = 1
+    where["spin_flip"] = 1
     with pytest.raises(ConfigError, match=rf"set {key}.spin_flip=-1"):
         from_dict(data)
 
@@ -136,8 +138,11 @@ def test_a_spin_flip_that_projects_out_the_singlet_is_refused(tmp_path, key):
 @pytest.mark.parametrize(
     "sections",
     [
-        {"model": {"symmetrize": "space_group", "spin_flip": -1}, "sampler": {"kind": "full_sum"}},
-        {"model": {"symmetrize": "space_group", "spin_flip": -1}},
+        {
+            "model": {"symmetrize": "space_group", "sector": {"spin_flip": -1}},
+            "sampler": {"kind": "full_sum"},
+        },
+        {"model": {"symmetrize": "space_group", "sector": {"spin_flip": -1}}},
         {"final": {"symmetrize": "space_group", "spin_flip": -1}},
     ],
 )
@@ -156,7 +161,7 @@ def test_a_symmetry_sector_without_states_is_refused_before_any_step(tmp_path, c
     err = capsys.readouterr().err
     assert "leaves no state of the sector" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "tiny.h5").exists()
-    key = "final" if "final" in sections else "model"
-    data[key]["spin_flip"] = 1  # +1 has states: the same config with the other sign runs
+    flipped = data["final"] if "final" in sections else data["model"]["sector"]
+    flipped["spin_flip"] = 1  # +1 has states: the same config with the other sign runs
     path.write_text(yaml.safe_dump(data))
     assert main(["run", str(path), "--quiet"]) == 0

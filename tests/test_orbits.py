@@ -138,7 +138,9 @@ def test_space_group_is_a_group_of_the_lattice_s_bonds(shape):
 def test_a_space_group_average_is_invariant_under_the_space_group():
     lattice = Lattice((4, 4))
     hilbert = Heisenberg(lattice).hilbert
-    model = _built(lattice, hilbert, patch_size=2, symmetrize="space_group", spin_flip=1)
+    model = _built(
+        lattice, hilbert, patch_size=2, symmetrize="space_group", sector={"spin_flip": 1}
+    )
     assert model.translations.shape[0] == 4 * 8  # shifts inside a patch, each rotation
     group, flip = invariances(model, lattice)
     assert len(group) == 128 and flip == 1
@@ -163,11 +165,15 @@ SYSTEMS = {
         lambda: Heisenberg(Lattice((6, 2)), J2=0.5),
         lambda lat: _symmetric_vit(lat, spin_flip=-1),
     ),
-    # at k = (π, 0) (model.momentum: [3, 0]): the sums run over orbits of the shifts of phase 1
+    # at k = (π, 0) (model.sector: {momentum: [3, 0]}): the sums run over orbits of the
+    # shifts of phase 1
     "j1j2_momentum": (
         lambda: Heisenberg(Lattice((6, 2)), J2=0.5),
         lambda lat: _built(
-            lat, Heisenberg(lat).hilbert, symmetrize="translations", momentum=[3, 0], spin_flip=1
+            lat,
+            Heisenberg(lat).hilbert,
+            symmetrize="translations",
+            sector={"momentum": [3, 0], "spin_flip": 1},
         ),
     ),
     # bosons: a translation-invariant ViT with one-site patches and a Jastrow factor
@@ -215,7 +221,7 @@ def test_a_run_over_orbits_follows_the_run_over_the_sector(make, tmp_path, monke
     sections = {"sampler": {"kind": "full_sum"}, "optimizer": {"n_iter": 5}}
     if make is tiny_heisenberg:
         # −1: the singlet's sector on 6 sites without the sign rule (+1 is refused)
-        sections["model"] = {"symmetrize": "translations", "spin_flip": -1}
+        sections["model"] = {"symmetrize": "translations", "sector": {"spin_flip": -1}}
         sections["hamiltonian"] = {"J2": 0.5, "sign_rule": False}
     runs = []
     for reduce in (False, True):
@@ -247,9 +253,13 @@ def test_final_space_group_average_of_a_trained_model(spin_flip):
 
     lattice = Lattice((4, 4))
     hilbert = Heisenberg(lattice).hilbert
-    trained = _built(lattice, hilbert, patch_size=2, symmetrize="translations", spin_flip=spin_flip)
+    trained = _built(
+        lattice, hilbert, patch_size=2, symmetrize="translations", sector={"spin_flip": spin_flip}
+    )
     final = final_symmetrized(trained, "space_group", lattice)
-    built = _built(lattice, hilbert, patch_size=2, symmetrize="space_group", spin_flip=spin_flip)
+    built = _built(
+        lattice, hilbert, patch_size=2, symmetrize="space_group", sector={"spin_flip": spin_flip}
+    )
     built.model.load_state_dict(trained.model.state_dict())
     x = torch.as_tensor(hilbert.all_states()[::89], dtype=torch.float64)
     with torch.no_grad():

@@ -103,15 +103,15 @@ def test_each_class_takes_its_measured_recipe():
     assert kagome.model.sector == "search" and kagome.model.spin_flip == 0
     assert kagome.model.momentum is None and kagome.model.point_characters is None
     lattice, hamiltonian = DEFAULTS_TABLE["kagome_2x3"]
-    given = {"sector": "given", "momentum": [1, 0], "spin_flip": -1}
+    given = {"sector": {"momentum": [1, 0], "spin_flip": -1}}
     at_k = from_dict(_minimal(lattice, hamiltonian, model={**_recipe_model(kagome), **given}))
     build_network(at_k, build_hamiltonian(at_k))  # the ground state's k = (π, 0) is carried
     # wider patches carry the momenta of whole-patch shifts only: the recipe claims k = 0
-    assert frustrated.model.sector == "given"
+    assert frustrated.model.sector == {"momentum": None, "point_characters": None, "spin_flip": 1}
     # no Marshall sign without a bipartition: the triangular lattice races the sign priors,
     # the square lattice's J1-J2 (met without a prior) does not
     triangular = from_dict(_minimal(*DEFAULTS_TABLE["triangular_6x4"]))
-    assert triangular.model.sign_prior == "search" and triangular.model.sector == "given"
+    assert triangular.model.sign_prior == "search" and not triangular.model.searches_sector
     assert frustrated.model.sign_prior == kagome.model.sign_prior == "none"
 
 

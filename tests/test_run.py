@@ -455,6 +455,23 @@ def test_a_stored_anneal_of_two_keys_reads_as_the_one_value(tmp_path):
     }
 
 
+def test_a_stored_sector_of_separate_keys_reads_as_the_one_value(tmp_path):
+    # results files written before the sector became one value store model.momentum,
+    # point_characters, spin_flip and sector: given | search
+    old = {"sector": "given", "momentum": [3], "point_characters": None, "spin_flip": -1}
+    model = upgrade_stored({"model": old})["model"]
+    assert model == {"sector": {"momentum": [3], "spin_flip": -1}}
+    plain = {"sector": "given", "momentum": None, "point_characters": None, "spin_flip": 0}
+    assert upgrade_stored({"model": plain})["model"] == {"sector": None}
+    searched = {"sector": "search", "momentum": None, "point_characters": None, "spin_flip": 0}
+    assert upgrade_stored({"model": searched})["model"] == {"sector": "search"}
+    data = tiny_heisenberg(tmp_path, model={"symmetrize": "translations", **model})
+    data["hamiltonian"]["sign_rule"] = False
+    config = from_dict(data)
+    assert (config.model.momentum, config.model.spin_flip) == ([3], -1)
+    assert config.model.point_characters is None and not config.model.searches_sector
+
+
 @pytest.mark.parametrize("symmetrize", ["translations", "space_group"])
 def test_final_energy_of_the_average_is_itsmodel_energy(tmp_path, symmetrize):
     # full sum: the final energy must be exactly <ψ_G|H|ψ_G>/<ψ_G|ψ_G> of the trained ViT

@@ -201,7 +201,9 @@ def describe_model(model: dict) -> str:
     text += f" {model['embedding']}" + ("+Jastrow" if model["jastrow"] else "")
     text += ", ψ>0" if model.get("positive") else ""
     text += {"translations": "+transl", "space_group": "+space group"}.get(model["symmetrize"], "")
-    text += f"+flip{model['spin_flip']:+d}" if model["spin_flip"] else ""
+    sector = model.get("sector")
+    flip = sector["spin_flip"] if isinstance(sector, dict) else 0
+    text += f"+flip{flip:+d}" if flip else ""
     return text
 
 

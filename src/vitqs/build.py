@@ -184,7 +184,7 @@ def build_sampler(config: Config, hamiltonian, model=None, *, compile_chains: bo
 
 def final_network(config: Config, model, lattice):
     """Returns ``model`` as the final measurement samples it: under ``final.symmetrize`` and
-    ``final.spin_flip``, on the sector of ``model.momentum`` and ``model.point_characters``."""
+    ``final.spin_flip``, on the momentum and point characters of ``model.sector``."""
     final = config.final
     try:
         return final_symmetrized(
@@ -205,7 +205,7 @@ def build_vmc(config: Config, *, compile_chains: bool | None = None) -> VMC:
     torch.manual_seed(config.seed)
     hamiltonian = build_hamiltonian(config)
     model = build_network(config, hamiltonian)
-    check_sector_not_empty(hamiltonian, model, "model.symmetrize / model.spin_flip")
+    check_sector_not_empty(hamiltonian, model, "model.symmetrize / model.sector")
     final = config.final
     if final.symmetrize != "none" or final.spin_flip:  # refused now, not after the steps
         measured = final_network(config, model, hamiltonian.lattice)

@@ -119,6 +119,9 @@ def _cmd_ed(args) -> int:
     print(f"  energy per site  {summary['energy_per_site']:.12f}")
     print(f"  dimension        {summary['dimension']}")
     print(f"  sector           {_sector_text(summary['sector'])}")
+    given = _model_sector(summary["sector"])
+    if given:
+        print(f"  model.sector     {given}")
     cached = " (from cache)" if summary["cached"] else ""
     print(f"  seconds          {summary['seconds']:.3f}{cached}")
     if args.sectors:
@@ -142,6 +145,16 @@ def _print_sector_levels(config, energy: float) -> list[dict]:
             print(f"  {sector.label():<28} {level:>18.10f} {level - energy:>11.3e}")
         rows.append({"sector": sector.label(), **sector.keys(), "energy": level})
     return rows
+
+
+def _model_sector(sector: dict) -> str:
+    """Returns the ground state's sector as a config writes it (``model.sector``), for a
+    model trained in it; empty where its momentum is degenerate."""
+    if sector["momentum"] is None:
+        return ""
+    keys = ("momentum", "point_characters", "spin_flip")
+    given = [f"{key}: {sector[key]}" for key in keys if sector.get(key) is not None]
+    return "{" + ", ".join(given) + "}"
 
 
 def _sector_text(sector: dict) -> str:

@@ -240,6 +240,40 @@ def real_mapping(example: str):
     return check
 
 
+# the keys of a sector (`model.sector`), and what each is when left out
+SECTOR_KEYS = {"momentum": None, "point_characters": None, "spin_flip": 0}
+
+
+def sector_value():
+    """`model.sector`: ``search``, null, or a mapping of ``momentum``, ``point_characters``
+    and ``spin_flip`` (each optional). Returns the mapping with all three keys, or None when
+    it gives none of them (k = 0, all characters +1, no spin inversion)."""
+    checks = {
+        "momentum": optional(int_list((1, 2), minimum=0)),
+        "point_characters": optional(int_list((1, 48), minimum=-1)),
+        "spin_flip": choice(*SPIN_FLIPS),
+    }
+
+    def check(key, value):
+        if value is None or value == "search":
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{key}={shown(value)} must be search, null or a mapping of momentum, "
+                "point_characters and spin_flip, e.g. {momentum: [1, 0], spin_flip: -1}"
+            )
+        for name in value:
+            if name not in SECTOR_KEYS:
+                raise _unknown_key_error(name, list(SECTOR_KEYS), f"{key}.")
+        sector = {
+            name: checks[name](f"{key}.{name}", value.get(name, default))
+            for name, default in SECTOR_KEYS.items()
+        }
+        return None if sector == SECTOR_KEYS else sector
+
+    return check
+
+
 def anneal_path():
     """The path of `optimizer.anneal`: ``{from: {coupling: number}, until: fraction}``."""
     couplings, fraction = real_mapping("{U: 2.0}"), real(positive=True, maximum=1.0)
@@ -250,9 +284,10 @@ def anneal_path():
                 f"{key}={shown(value)} must be a mapping of from and until, e.g. "
                 "{from: {U: 2.0}, until: 0.25}"
             )
-        return {"from": couplings(f"{key}.from", value["from"]), "until": fraction(
-            f"{key}.until", value["until"]
-        )}
+        return {
+            "from": couplings(f"{key}.from", value["from"]),
+            "until": fraction(f"{key}.until", value["until"]),
+        }
 
     return check
 
@@ -557,57 +592,39 @@ class ModelConfig(Section):
         doc="Train ψ averaged over the lattice translations (a translation-invariant ViT needs "
         "only the shifts inside a patch: 4 copies on 2×2 patches), or over the space group "
         "(translations after the rotations and reflections found from the geometry), projected "
-        "on the sector of `model.momentum` and `model.point_characters`. A step costs one "
+        "on the momentum and point characters of `model.sector`. A step costs one "
         "forward pass per copy.",
         allowed="`none` | `translations` | `space_group`",
     )
-    spin_flip: int = option(
-        0,
-        choice(*SPIN_FLIPS),
-        free_across_init=True,
-        doc="Project ψ on this eigenvalue of global spin inversion (spins at S^z = 0 only). "
-        "0: no projection.",
-        allowed="0 | 1 | -1",
-    )
-    momentum: list | None = option(
+    sector: Any = option(
         None,
-        optional(int_list((1, 2), minimum=0)),
+        sector_value(),
         free_across_init=True,
-        doc="The crystal momentum of the sector the translations of `symmetrize` (model or "
-        "final) project on, `[n_x, n_y]`: ψ(T_a x) = e^{ik·a} ψ(x) with k·a = 2π Σ n_i a_i / "
-        "L_i. A small cluster's ground state need not be at k = 0 (the kagome 2×3's is at "
-        "`[1, 0]`). Needs a complex ψ and a network that shifts of phase ≠ 1 do not leave "
-        "invariant (with one-cell patches, `translation_invariant: false`). null: k = 0.",
-        allowed="list of one int per axis, 0 ≤ n_i < L_i (0 along an open axis), or null",
-    )
-    point_characters: list | None = option(
-        None,
-        optional(int_list((1, 48), minimum=-1)),
-        free_across_init=True,
-        doc="With `symmetrize: space_group` (model or final): the characters χ_P of the sector "
-        "under the rotations and reflections that keep `model.momentum` (its little group, "
-        "identity first), so that ψ(P x) = χ_P ψ(x); copy them from `vitqs ed`'s "
-        "`point_characters`. Refused when they are not a one-dimensional representation of "
-        "that group. null: all +1.",
-        allowed="list of +1 / -1, or null",
-    )
-    sector: str = option(
-        "given",
-        choice("given", "search"),
-        doc="`search`: the run finds the ground state's symmetry sector itself before its "
+        doc="The symmetry sector ψ is trained in, a mapping of (each optional): `momentum`, the "
+        "crystal momentum `[n_x, n_y]` that the translations of `symmetrize` (model or final) "
+        "project on, ψ(T_a x) = e^{ik·a} ψ(x) with k·a = 2π Σ n_i a_i / L_i (null: k = 0; a "
+        "small cluster's ground state need not be at k = 0: the kagome 2×3's is at `[1, 0]`; "
+        "needs a complex ψ and a network that shifts of phase ≠ 1 do not leave invariant, "
+        "with one-cell patches `translation_invariant: false`); `point_characters`, with "
+        "`symmetrize: space_group` (model or final), the characters χ_P under the rotations "
+        "and reflections that keep the momentum (its little group, identity first), so that "
+        "ψ(P x) = χ_P ψ(x) (null: all +1; refused when they are not a one-dimensional "
+        "representation of that group); `spin_flip`, the eigenvalue of global spin inversion "
+        "ψ is projected on (spins at S^z = 0 only; 0: none). `vitqs ed` prints the ground "
+        "state's sector in these keys. `search`: the run finds the sector itself before its "
         "steps, by short runs of this network projected on every candidate sector (one "
         "momentum per star, each real character of its little group, each spin inversion; "
         "successive halving by energy; `vitqs sectors` runs it alone), then trains in the "
         "winner from the winner's state (averaged over the translations unless `symmetrize` "
         "says otherwise; the final state over the space group unless `final.symmetrize` "
-        "does); the table and the "
-        "margin are kept in the results file, and ED, where it exists, only checks the "
-        "choice. Under a `budget` the search takes a tenth of it (50 steps a candidate at "
-        "least). `given`: the sector of "
-        "`momentum`, `point_characters` and `spin_flip` (k = 0, all +1, none by default). "
-        "The recipe of spins without a sign rule searches on one-cell patches (kagome, "
-        "honeycomb, an odd extent), whose network carries every momentum.",
-        allowed="`given` | `search`",
+        "does); the table and the margin are kept in the results file, and ED, where it "
+        "exists, only checks the choice. Under a `budget` the search takes a tenth of it (50 "
+        "steps a candidate at least). The recipe of spins without a sign rule searches on "
+        "one-cell patches (kagome, honeycomb, an odd extent), whose network carries every "
+        "momentum. null: k = 0, all characters +1, no spin-inversion projection.",
+        allowed="`search`, or a mapping of `momentum` (one int per axis, 0 ≤ n_i < L_i; 0 "
+        "along an open axis), `point_characters` (list of +1 / -1) and `spin_flip` (0 | 1 | "
+        "-1), e.g. `{momentum: [1, 0], point_characters: [1, -1], spin_flip: -1}`, or null",
     )
     positive: bool = option(
         False,
@@ -645,6 +662,30 @@ class ModelConfig(Section):
         "null: random parameters.",
         allowed="path of a results file (`.h5`), or null",
     )
+
+    @property
+    def searches_sector(self) -> bool:
+        """The run finds its sector itself (``sector: search``)."""
+        return self.sector == "search"
+
+    @property
+    def momentum(self) -> list | None:
+        """The sector's crystal momentum (None: k = 0)."""
+        return self._sector_key("momentum")
+
+    @property
+    def point_characters(self) -> list | None:
+        """The sector's characters of the momentum's little group (None: all +1)."""
+        return self._sector_key("point_characters")
+
+    @property
+    def spin_flip(self) -> int:
+        """The spin-inversion eigenvalue ψ is projected on (0: none)."""
+        return self._sector_key("spin_flip")
+
+    def _sector_key(self, name: str):
+        given = isinstance(self.sector, dict)
+        return self.sector[name] if given else SECTOR_KEYS[name]
 
 
 @dataclass
@@ -725,8 +766,9 @@ class SamplerConfig(Section):
         False,
         boolean(),
         doc="Run the Metropolis chains on the network φ inside `model.symmetrize` / "
-        "`model.spin_flip`, not on the average ψ_sym: one forward pass per proposal instead of "
-        "one per copy; each sample is weighted by |ψ_sym|²/|φ|^machine_pow, so energies, "
+        "`model.sector`'s spin inversion, not on the average ψ_sym: one forward pass per "
+        "proposal instead of one per copy; each sample is weighted by |ψ_sym|²/|φ|^machine_pow, "
+        "so energies, "
         "gradients and S stay those of |ψ_sym|². Efficient while φ is not far from symmetric "
         "(watch the energy's error bar). The final measurement samples |ψ|². Metropolis only.",
         allowed="bool",
@@ -867,8 +909,9 @@ class FinalConfig(Section):
         choice(*SYMMETRIZE),
         resumable=True,
         doc="Measure the final energy of ψ averaged over the lattice translations (projected "
-        "on `model.momentum`) or over the space group, as `model.symmetrize` does: for a model "
-        "trained without it. A model trained with `model.spin_flip` keeps that projection.",
+        "on the momentum of `model.sector`) or over the space group, as `model.symmetrize` "
+        "does: for a model trained without it. A model trained with the spin inversion of "
+        "`model.sector` keeps that projection.",
         allowed="`none` | `translations` | `space_group`",
     )
     spin_flip: int = option(
@@ -876,7 +919,7 @@ class FinalConfig(Section):
         choice(*SPIN_FLIPS),
         resumable=True,
         doc="Also project the final state on this eigenvalue of global spin inversion (spins at "
-        "S^z = 0 only), for a model trained without `model.spin_flip`. A singlet of N spins "
+        "S^z = 0 only), for a model trained without `model.sector.spin_flip`. A singlet of N spins "
         "has (−1)^(N/2), +1 under `hamiltonian.sign_rule`; a value that contradicts this is "
         "refused for J1 > 0. 0: no projection.",
         allowed="0 | 1 | -1",
@@ -1187,9 +1230,13 @@ _LEGACY_SCHEDULES = ("lr", "diag_shift")
 
 def upgrade_stored(data):
     """Returns a stored config (the ``config_yaml`` of a results file) in today's keys: its
-    schedules of three keys and its anneal of two as one value each, its optimisation budget ``optimizer.max_seconds``
-    as the whole run's (its steps keep their seconds; the ``final.n_samples`` it stored is
-    then the final measurement's most). Other data, and today's configs, unchanged."""
+    sector of four model keys, schedules of three and anneal of two as one value each, its
+    optimisation budget ``optimizer.max_seconds`` as the whole run's (its steps keep their
+    seconds; the ``final.n_samples`` it stored is then the final measurement's most). Other
+    data, and today's configs, unchanged."""
+    model = data.get("model") if isinstance(data, dict) else None
+    if isinstance(model, dict) and _LEGACY_SECTOR_KEYS & set(model):
+        data = {**data, "model": _one_sector(model)}
     optimizer = data.get("optimizer") if isinstance(data, dict) else None
     if not isinstance(optimizer, dict):
         return data
@@ -1207,6 +1254,22 @@ def upgrade_stored(data):
         start, until = optimizer.pop("anneal_from", None), optimizer.pop("anneal_until", None)
         optimizer["anneal"] = None if start is None else {"from": start, "until": until}
     return {**data, "optimizer": optimizer}
+
+
+# Before issue 51 a sector was four model keys: momentum, point_characters, spin_flip and
+# sector (given | search)
+_LEGACY_SECTOR_KEYS = {"momentum", "point_characters", "spin_flip"}
+
+
+def _one_sector(model: dict) -> dict:
+    """Returns a model section whose sector was written as separate keys with the one value
+    ``sector`` (``search``, or a mapping of the keys given, null for none)."""
+    model = dict(model)
+    given = {name: model.pop(name) for name in SECTOR_KEYS if name in model}
+    if model.get("sector") != "search":
+        given = {k: v for k, v in given.items() if v != SECTOR_KEYS[k]}
+        model["sector"] = given or None
+    return model
 
 
 def _flow(value) -> str:
@@ -1234,9 +1297,19 @@ def _without_retired(data: dict, prefix: str) -> dict:
     return kept
 
 
-def _refuse_legacy_schedules(data: dict, prefix: str) -> None:
-    """Raises for a schedule written as three keys or an anneal as two, naming the one value
-    that says it now, and for the optimisation-only budget, naming the whole run's."""
+def _refuse_legacy_keys(data: dict, prefix: str) -> None:
+    """Raises for a value once written as several keys (a sector, a schedule, an anneal),
+    naming the one value that says it now, and for the optimisation-only budget, naming the
+    whole run's."""
+    if prefix == "model." and (_LEGACY_SECTOR_KEYS & set(data) or data.get("sector") == "given"):
+        given = _one_sector({**data, "sector": "given"})["sector"]
+        today = "search" if data.get("sector") == "search" else _flow(given)
+        if given is not None and today == "search":  # both: say which they are
+            today = f"search (the run finds it) or model.sector: {_flow(given)}"
+        raise ConfigError(
+            "model.momentum / point_characters / spin_flip: the sector is one value now; "
+            f"write model.sector: {today}"
+        )
     if prefix != "optimizer.":
         return
     if data.get("max_seconds") is not None:
@@ -1269,7 +1342,7 @@ def _build(cls, data, prefix: str):
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{section} must be a mapping of keys to values, got {describe(data)}")
-    _refuse_legacy_schedules(data, prefix)
+    _refuse_legacy_keys(data, prefix)
     if prefix == "optimizer." and "max_seconds" in data:  # null: no budget, as before
         data = {key: value for key, value in data.items() if key != "max_seconds"}
     data = _without_retired(data, prefix)
@@ -1384,18 +1457,11 @@ def _check_consistency(config: Config) -> None:
 
 
 def _check_sector_search(model: ModelConfig) -> None:
-    if model.sector != "search":
-        return
-    given = {
-        key: getattr(model, key)
-        for key in ("momentum", "point_characters", "spin_flip", "init_from")
-        if getattr(model, key) not in (None, 0)
-    }
-    if given:
-        key, value = next(iter(given.items()))
+    if model.searches_sector and model.init_from is not None:
         raise ConfigError(
             f"model.sector=search finds the sector itself, from a random start; "
-            f"model.{key}={shown(value)} gives it: drop the key, or set model.sector: given"
+            f"model.init_from={shown(model.init_from)} gives a start: drop the key, or give "
+            "model.sector as a mapping (momentum, point_characters, spin_flip)"
         )
 
 
@@ -1411,20 +1477,21 @@ def _check_final_spin_flip(config: Config) -> None:
         )
     if trained and trained != flip:
         raise ConfigError(
-            f"final.spin_flip={flip} contradicts model.spin_flip={trained}, which the model "
-            "already projects on; set final.spin_flip=0 (or equal to model.spin_flip)"
+            f"final.spin_flip={flip} contradicts model.sector.spin_flip={trained}, which the model "
+            "already projects on; set final.spin_flip=0 (or equal to model.sector.spin_flip)"
         )
 
 
 def _check_momentum_sector(config: Config) -> None:
-    """Raises for a ``model.momentum`` that does not fit the lattice or that no projection
+    """Raises for a ``model.sector.momentum`` that does not fit the lattice or that no projection
     uses."""
     momentum, model = config.model.momentum, config.model
     lattice = config.lattice
     shape = list(lattice.shape)
     if momentum is not None and len(momentum) != len(shape):  # k = 0 written [0, 0] too
         raise ConfigError(
-            f"model.momentum={momentum} must hold one integer per axis of lattice.shape={shape}"
+            f"model.sector.momentum={momentum} must hold one integer per axis of "
+            f"lattice.shape={shape}"
         )
     if not momentum or not any(momentum):
         return
@@ -1432,38 +1499,39 @@ def _check_momentum_sector(config: Config) -> None:
     for axis, (n, extent, periodic) in enumerate(zip(momentum, shape, pbc, strict=True)):
         if not periodic and n:
             raise ConfigError(
-                f"model.momentum={momentum} has a momentum along axis {axis}, which is open "
+                f"model.sector.momentum={momentum} has a momentum along axis {axis}, which is open "
                 "(lattice.pbc): only 0 is allowed there"
             )
         if n >= extent:
             raise ConfigError(
-                f"model.momentum={momentum}: n_{axis}={n} must be below the lattice's "
+                f"model.sector.momentum={momentum}: n_{axis}={n} must be below the lattice's "
                 f"{extent} cells along axis {axis} (k = 2π n / L)"
             )
     projections = {model.symmetrize, config.final.symmetrize}
     if not projections & {"translations", "space_group"}:
         raise ConfigError(
-            f"model.momentum={momentum} needs model.symmetrize or final.symmetrize: "
+            f"model.sector.momentum={momentum} needs model.symmetrize or final.symmetrize: "
             "translations or space_group, the projections it selects the sector of"
         )
     if model.positive:
         raise ConfigError(
-            f"model.momentum={momentum} needs a complex ψ (a state at k ≠ 0 changes sign or "
+            f"model.sector.momentum={momentum} needs a complex ψ (a state at k ≠ 0 changes sign or "
             "phase under translations); set model.positive: false"
         )
 
 
 def _check_point_characters(config: Config) -> None:
-    """Raises for ``model.point_characters`` that no projection uses or that are not ±1 (their
-    number and consistency depend on the lattice: checked where the model is built)."""
+    """Raises for ``model.sector.point_characters`` that no projection uses or that are not
+    ±1 (their number and consistency depend on the lattice: checked where the model is
+    built)."""
     chi = config.model.point_characters
     if chi is None:
         return
     if any(c not in (1, -1) for c in chi):
-        raise ConfigError(f"model.point_characters={chi} must hold +1 or -1 only")
+        raise ConfigError(f"model.sector.point_characters={chi} must hold +1 or -1 only")
     if "space_group" not in {config.model.symmetrize, config.final.symmetrize}:
         raise ConfigError(
-            f"model.point_characters={chi} select a sector of the space group: set "
+            f"model.sector.point_characters={chi} select a sector of the space group: set "
             "model.symmetrize or final.symmetrize to space_group (or point_characters: null)"
         )
 
@@ -1503,7 +1571,10 @@ def _check_singlet_flip(config: Config) -> None:
     if not isinstance(ham, HeisenbergConfig) or ham.total_sz != 0 or ham.J1 <= 0 or ham.J2 < 0:
         return
     singlet = singlet_spin_flip(config.n_sites, ham.sign_rule)
-    for key, value in (("model", config.model.spin_flip), ("final", config.final.spin_flip)):
+    for key, value in (
+        ("model.sector", config.model.spin_flip),
+        ("final", config.final.spin_flip),
+    ):
         if value == -singlet:
             rule = "with" if ham.sign_rule else "without"
             raise ConfigError(
@@ -1520,8 +1591,8 @@ def _check_metropolis_only(config: Config) -> None:
     if sampler.bare_chains and config.model.symmetrize == "none" and not config.model.spin_flip:
         raise ConfigError(
             "sampler.bare_chains=true runs the chains on the network under model.symmetrize or "
-            "model.spin_flip; with neither there is no other network (set sampler.bare_chains: "
-            "false)"
+            "model.sector's spin_flip; with neither there is no other network (set "
+            "sampler.bare_chains: false)"
         )
     if sampler.kind == "metropolis":
         return

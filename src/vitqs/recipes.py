@@ -127,14 +127,14 @@ def recipe(lattice, hamiltonian, model=None) -> dict:
 def _claimed_sector(lattice, hamiltonian) -> dict:
     """Returns the sector keys the recipe claims for a network of wider patches: the
     singlet's spin inversion and, on a ring, the Marshall sign's momentum."""
-    keys = {}
+    sector = {}
     flip = _singlet_flip(hamiltonian, lattice.n_sites)
     if flip:
-        keys["spin_flip"] = flip
+        sector["spin_flip"] = flip
     momentum = _marshall_momentum(lattice, hamiltonian)
     if momentum:
-        keys["momentum"] = momentum
-    return keys
+        sector["momentum"] = momentum
+    return {"sector": sector} if sector else {}
 
 
 def _final_projection(lattice) -> str:

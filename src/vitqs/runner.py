@@ -188,8 +188,8 @@ SEARCH_SHARE = 0.1
 
 
 def _search_sector(config: Config, initial_parameters, overwrite: bool):
-    """Returns the config in the sector the search chose (``model.sector: given`` with its
-    momentum, characters and spin inversion; trained averaged over the translations unless
+    """Returns the config in the sector the search chose (``model.sector``: its momentum,
+    characters and spin inversion; trained averaged over the translations unless
     ``model.symmetrize`` says otherwise, measured over the space group unless
     ``final.symmetrize`` does), the winner's parameters to start from, and the search as the
     results file keeps it (JSON)."""
@@ -199,7 +199,7 @@ def _search_sector(config: Config, initial_parameters, overwrite: bool):
     # the steps average over the translations (a space-group average costs the point group's
     # order more a step); the final state over the space group, on the characters found
     trained = config.model.symmetrize if config.model.symmetrize != "none" else "translations"
-    model = dataclasses.replace(config.model, sector="given", symmetrize=trained, **chosen.keys())
+    model = dataclasses.replace(config.model, sector=chosen.keys(), symmetrize=trained)
     measured = config.final.symmetrize if config.final.symmetrize != "none" else "space_group"
     if chosen.keys().get("point_characters") is not None:  # a sector of the space group
         measured = "space_group"
@@ -279,11 +279,10 @@ def _sector_searched_before(config: Config) -> Config:
     ``model.sector: search`` run continues there)."""
     record, path = _record_to_resume(config)
     stored = (checkpoint.stored_config(record) or {}).get("model") or {}
-    if not record.sector_search or not isinstance(stored, dict):
+    if not record.sector_search or not isinstance(stored, dict) or stored.get("sector") == "search":
         raise ConfigError(f"--resume: '{path}' holds no sector search to continue")
-    keys = {key: stored.get(key) for key in ("symmetrize", "momentum", "point_characters")}
     model = dataclasses.replace(
-        config.model, sector="given", spin_flip=stored.get("spin_flip", 0), **keys
+        config.model, sector=stored.get("sector"), symmetrize=stored.get("symmetrize")
     )
     final = config.final
     if final.symmetrize == "none":  # as the search set it (final.* may change on a resume)
@@ -384,7 +383,7 @@ def _new_record(config: Config, hamiltonian, model, use_cache: bool) -> results.
     return record
 
 
-_MODEL_KEYS = "model.symmetrize / spin_flip / momentum / point_characters / translation_invariant"
+_MODEL_KEYS = "model.symmetrize / sector / translation_invariant"
 
 
 def _warn_outside_sector(config: Config, hamiltonian, model, vector) -> None:
@@ -407,7 +406,7 @@ def _warn_outside_sector(config: Config, hamiltonian, model, vector) -> None:
             f"vitqs run: warning: the exact ground state (momentum {sector['momentum']}, spin "
             f"inversion {sector['spin_flip']}) lies outside the sector of {keys}: {why}; the "
             "energy cannot come below that sector's lowest state (`vitqs ed` reports the "
-            "ground state's sector; model.momentum selects a k ≠ 0)",
+            "ground state's sector; model.sector gives it)",
             file=sys.stderr,
         )
 

@@ -137,7 +137,7 @@ def trial_config(config: Config, sector: Sector) -> Config:
     search took 174 s instead of 602 s and chose k = [0, 0], 7.2 σ ahead, where ED's [1, 0]
     had won at 1.2 σ."""
     data = config.to_dict()
-    data["model"].update(sector="given", symmetrize="space_group", **sector.keys())
+    data["model"].update(sector=sector.keys(), symmetrize="space_group")
     return _short_run(data)
 
 

@@ -47,7 +47,9 @@ def test_patch_size_list_and_jastrow_factor_on_a_chain():
 def test_translation_average_takes_one_shift_per_patch_coset(invariant):
     # an invariant ViT on the 4x4 with 2x2 patches needs the 4 shifts inside a patch (times
     # the spin flip), not all 16; one that is not invariant needs every translation
-    cfg = model_config(symmetrize="translations", spin_flip=1, translation_invariant=invariant)
+    cfg = model_config(
+        symmetrize="translations", sector={"spin_flip": 1}, translation_invariant=invariant
+    )
     torch.manual_seed(2)
     model = build_model(cfg, SQUARE, SPINS)
     assert model.translations.shape == ((4, 16) if invariant else (16, 16))
@@ -63,7 +65,7 @@ def test_translation_average_takes_one_shift_per_patch_coset(invariant):
 
 
 def test_spin_flip_alone_wraps_with_the_identity_only():
-    model = build_model(model_config(spin_flip=-1), SQUARE, SPINS)
+    model = build_model(model_config(sector={"spin_flip": -1}), SQUARE, SPINS)
     assert isinstance(model, Symmetrized) and model.translations.shape == (1, 16)
     x = random_spins(2, 16)
     phase = torch.remainder(model(-x).imag - model(x).imag, 2 * math.pi)
@@ -79,9 +81,17 @@ def test_spin_flip_alone_wraps_with_the_identity_only():
             SPINS,
             r"model.symmetrize='all'.*none \| translations \| space_group",
         ),
-        (dict(spin_flip=2), SPINS, r"model.spin_flip=2.*0 \| 1 \| -1"),
-        (dict(spin_flip=1), BOSONS, r"model.spin_flip=1 needs spin-1/2 states at total_sz=0"),
-        (dict(spin_flip=1), SpinHalf(16, 1), r"model.spin_flip=1 needs .*total_sz=1.0"),
+        (dict(sector={"spin_flip": 2}), SPINS, r"model.sector.spin_flip=2.*0 \| 1 \| -1"),
+        (
+            dict(sector={"spin_flip": 1}),
+            BOSONS,
+            r"model.sector.spin_flip=1 needs spin-1/2 states at total_sz=0",
+        ),
+        (
+            dict(sector={"spin_flip": 1}),
+            SpinHalf(16, 1),
+            r"model.sector.spin_flip=1 needs .*total_sz=1.0",
+        ),
         (dict(patch_size=3), SPINS, r"model.patch_size=3 must divide lattice.shape=\[4, 4\]"),
         (dict(heads=3), SPINS, r"model.heads=3 must divide model.d_model=8"),
     ],

@@ -16,7 +16,7 @@ pytestmark = [
 @pytest.mark.parametrize(
     "overrides",
     [
-        dict(jastrow=True, symmetrize="translations", spin_flip=1),
+        dict(jastrow=True, symmetrize="translations", sector={"spin_flip": 1}),
         dict(translation_invariant=False, embedding="onehot"),
     ],
 )
@@ -34,7 +34,7 @@ def test_final_space_group_average_on_cuda_equals_cpu():
     # the averaging module's buffers (permutations, spin-flip weights) follow the model
     from vitqs.models import final_symmetrized
 
-    config = model_config(layers=2, symmetrize="translations", spin_flip=1)
+    config = model_config(layers=2, symmetrize="translations", sector={"spin_flip": 1})
     model = build_model(config, SQUARE, SpinHalf(16, 0))
     for p in model.parameters():
         p.data.add_(0.1 * torch.randn_like(p))

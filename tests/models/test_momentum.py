@@ -90,7 +90,9 @@ def test_coset_average_of_an_invariant_vit_equals_the_full_average_at_k_pi():
 
 def test_a_momentum_the_network_cannot_have_is_a_clear_error():
     vit = ViT((8,), 2, 8, 2, 1, translation_invariant=True).double()
-    with pytest.raises(ValueError, match=r"model.momentum=\[1\].*translation_invariant: false"):
+    with pytest.raises(
+        ValueError, match=r"model.sector.momentum=\[1\].*translation_invariant: false"
+    ):
         momentum_translations(vit, Lattice((8,)), [1])
 
 
@@ -110,11 +112,11 @@ def test_build_model_projects_on_model_momentum():
     lattice = Lattice((2, 3), kind="kagome")
     hamiltonian = Heisenberg(lattice)
     options = dict(patch_size=1, d_model=8, heads=2, layers=1, symmetrize="translations")
-    options.update(spin_flip=-1, momentum=[1, 0])
+    options.update(sector={"spin_flip": -1, "momentum": [1, 0]})
     cfg = ModelConfig(translation_invariant=False, **options)
     model = build_model(cfg, lattice, hamiltonian.hilbert)
     assert model.momentum == (1, 0) and model.spin_flip == -1 and len(model.translations) == 6
-    with pytest.raises(ValueError, match="model.momentum"):  # the invariant ViT: k = 0 only
+    with pytest.raises(ValueError, match="model.sector.momentum"):  # the invariant ViT: k = 0 only
         build_model(
             ModelConfig(translation_invariant=True, **options), lattice, hamiltonian.hilbert
         )

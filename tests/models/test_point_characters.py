@@ -184,7 +184,7 @@ def test_the_kagome_2x3_ground_state_is_odd_under_its_reflection():
 )
 def test_point_characters_that_do_not_fit_the_little_group_are_refused(chi, match):
     lattice, momentum, _ = CASES["kagome_2x3_odd"]
-    with pytest.raises(ValueError, match="model.point_characters=.*" + match):
+    with pytest.raises(ValueError, match="model.sector.point_characters=.*" + match):
         little_space_group(lattice, momentum, chi)
 
 
@@ -195,8 +195,8 @@ def test_point_characters_that_are_not_a_representation_are_refused():
         little_space_group(lattice, [0, 0], chi)
     hamiltonian = Heisenberg(lattice)
     cfg = ModelConfig(patch_size=2, d_model=8, heads=2, layers=1, symmetrize="space_group")
-    cfg.point_characters = chi
-    with pytest.raises(ValueError, match="model.point_characters"):
+    cfg.sector = {"momentum": None, "point_characters": chi, "spin_flip": 0}
+    with pytest.raises(ValueError, match="model.sector.point_characters"):
         build_model(cfg, lattice, hamiltonian.hilbert)
 
 
@@ -211,12 +211,13 @@ def _config(model=None, final=None):
 
 
 def test_config_checks_point_characters():
-    ok = _config({"symmetrize": "space_group", "momentum": [1, 0], "point_characters": [1, -1]})
+    sector = {"momentum": [1, 0], "point_characters": [1, -1]}
+    ok = _config({"symmetrize": "space_group", "sector": sector})
     assert ok.model.point_characters == [1, -1]
-    with pytest.raises(ConfigError, match="model.point_characters=\\[1, -1\\].*space_group"):
-        _config({"symmetrize": "translations", "point_characters": [1, -1]})
-    with pytest.raises(ConfigError, match="model.point_characters=\\[1, 0\\].*\\+1 or -1"):
-        _config({"point_characters": [1, 0]}, {"symmetrize": "space_group"})
+    with pytest.raises(ConfigError, match="model.sector.point_characters=\\[1, -1\\].*space_group"):
+        _config({"symmetrize": "translations", "sector": {"point_characters": [1, -1]}})
+    with pytest.raises(ConfigError, match="model.sector.point_characters=\\[1, 0\\].*\\+1 or -1"):
+        _config({"sector": {"point_characters": [1, 0]}}, {"symmetrize": "space_group"})
 
 
 def test_an_empty_sector_is_refused():

@@ -106,7 +106,7 @@ def test_keeps_the_model_precision():
 
 
 def test_bad_spin_flip_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"model.spin_flip=2.*\[0, 1, -1\]"):
+    with pytest.raises(ValueError, match=r"model.sector.spin_flip=2.*\[0, 1, -1\]"):
         Symmetrized(Jastrow((4,)), Lattice((4,)).translations, spin_flip=2)
 
 

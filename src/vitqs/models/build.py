@@ -34,7 +34,7 @@ def build_model(cfg: ModelConfig, lattice, hilbert) -> nn.Module:
             )
             return average.double()
         table, phases = np.arange(lattice.n_sites)[None, :], None
-        if cfg.symmetrize == "translations":  # on the sector of model.momentum (k = 0: null)
+        if cfg.symmetrize == "translations":  # at the sector's momentum (k = 0: null)
             table, phases = momentum_translations(model, lattice, cfg.momentum)
         momentum = cfg.momentum if phases is not None else None
         model = Symmetrized(model, table, spin_flip=cfg.spin_flip, phases=phases, momentum=momentum)
@@ -47,9 +47,9 @@ def _check_options(cfg: ModelConfig, hilbert) -> None:
         tuple(hilbert.local_states) != (-1, 1) or getattr(hilbert, "total_sz", None) != 0
     ):
         raise ValueError(
-            f"model.spin_flip={cfg.spin_flip} needs spin-1/2 states at total_sz=0, "
+            f"model.sector.spin_flip={cfg.spin_flip} needs spin-1/2 states at total_sz=0, "
             f"got local_states={tuple(hilbert.local_states)}, "
-            f"total_sz={getattr(hilbert, 'total_sz', None)}; set model.spin_flip=0"
+            f"total_sz={getattr(hilbert, 'total_sz', None)}; set model.sector.spin_flip=0"
         )
 
 

@@ -25,9 +25,9 @@ from vitqs.physics.symmetry import generators
 
 @dataclass(frozen=True)
 class Sector:
-    """A symmetry sector, in the config's keys: ``model.momentum`` (one integer per axis),
-    ``model.point_characters`` (±1 per element of the little group, identity first) and
-    ``model.spin_flip`` (0 where the Hamiltonian has no spin inversion symmetry)."""
+    """A symmetry sector, in the keys of ``model.sector``: ``momentum`` (one integer per
+    axis), ``point_characters`` (±1 per element of the little group, identity first) and
+    ``spin_flip`` (0 where the Hamiltonian has no spin inversion symmetry)."""
 
     momentum: tuple[int, ...]
     point_characters: tuple[int, ...]

@@ -69,7 +69,7 @@ class Symmetrized(nn.Module):
         group_characters=None,
     ):
         super().__init__()
-        check_choice("spin_flip", spin_flip, SPIN_FLIPS)
+        check_choice("sector.spin_flip", spin_flip, SPIN_FLIPS)
         translations = torch.as_tensor(np.asarray(translations), dtype=torch.long)
         if translations.ndim != 2:
             raise ValueError(
@@ -181,8 +181,8 @@ def momentum_translations(model: nn.Module, lattice, momentum=None):
     own_rows = _rows_of(lattice.translations, own)
     if not np.allclose(np.cos(phases[own_rows]), 1.0):
         raise ValueError(
-            f"model.momentum={list(momentum)}: the network is invariant under shifts by whole "
-            f"patches (model.translation_invariant: true, model.patch_size), on which this "
+            f"model.sector.momentum={list(momentum)}: the network is invariant under shifts by "
+            f"whole patches (model.translation_invariant: true, model.patch_size), on which this "
             "momentum's phase is not 1, so its projection vanishes; set "
             "model.translation_invariant: false (or a patch_size b with n_i b_i a multiple "
             "of L_i)"
@@ -205,8 +205,8 @@ def final_symmetrized(
     point_characters=None,
 ) -> nn.Module:
     """Returns ``model`` averaged as ``final.symmetrize`` asks (one of `config.SYMMETRIZE`),
-    on the crystal momentum ``model.momentum`` (None: 0) and, over the space group, on the
-    characters ``model.point_characters`` of its little group (None: all 1), and projected on
+    on the crystal momentum of ``model.sector`` (None: 0) and, over the space group, on
+    its characters of the momentum's little group (None: all 1), and projected on
     the spin-inversion eigenvalue ``final.spin_flip`` (0: none), on the device of its
     parameters."""
     if symmetrize not in SYMMETRIZE:
@@ -232,7 +232,7 @@ def _with_spin_flip(model: nn.Module, spin_flip: int, n_sites: int) -> nn.Module
     if model.spin_flip:
         raise ValueError(
             f"final.spin_flip={spin_flip} contradicts the model's own projection "
-            f"model.spin_flip={model.spin_flip}"
+            f"model.sector.spin_flip={model.spin_flip}"
         )
     table = model.translations.cpu().numpy()
     return Symmetrized(
@@ -268,7 +268,7 @@ def symmetrize_space_group(
         if model.momentum is not None and model.momentum != _momentum_key(momentum):
             raise ValueError(
                 f"the space group's average at momentum {momentum} does not keep this model's "
-                f"model.momentum={list(model.momentum)}"
+                f"model.sector.momentum={list(model.momentum)}"
             )
         spin_flip, model = model.spin_flip, model.model
     return space_group_average(model, lattice, spin_flip, momentum, point_characters)
@@ -320,7 +320,7 @@ def little_space_group(lattice, momentum=None, point_characters=None):
     that sector has ``ψ(g x) = χ_g ψ(x)``.
 
     Raises:
-        ValueError: naming ``model.point_characters``, when they are not ±1, one per element
+        ValueError: naming ``model.sector.point_characters``, when they are not ±1, one per element
             of the little group (identity first, +1), or not a representation
             (``χ_{gh} ≠ χ_g χ_h`` for some pair).
     """
@@ -343,9 +343,9 @@ def _checked_point_characters(point_characters, n_little: int, momentum) -> np.n
     chi = list(point_characters)
     if len(chi) != n_little or any(c not in (1, -1) for c in chi) or chi[0] != 1:
         raise ValueError(
-            f"model.point_characters={chi} must be {n_little} values of +1 or -1, the first +1: "
-            f"one per rotation or reflection that keeps the momentum {momentum or [0]} (the "
-            "identity first), as `vitqs ed` reports the ground state's"
+            f"model.sector.point_characters={chi} must be {n_little} values of +1 or -1, the "
+            "first +1: one per rotation or reflection that keeps the momentum "
+            f"{momentum or [0]} (the identity first), as `vitqs ed` reports the ground state's"
         )
     return np.asarray(chi, dtype=float)
 
@@ -359,10 +359,10 @@ def _check_representation(group: np.ndarray, characters: np.ndarray, point_chara
             product = row_of.get(tuple(group[h][g]))  # (g x)[i] = x[g[i]]: g after h
             if product is None or abs(characters[product] - characters[i] * characters[h]) > 1e-9:
                 raise ValueError(
-                    f"model.point_characters={list(point_characters)} is not a representation "
-                    "of the little group at this momentum (the characters of two elements do "
-                    "not multiply to their product's), so its projection vanishes; take them "
-                    "from `vitqs ed`"
+                    f"model.sector.point_characters={list(point_characters)} is not a "
+                    "representation of the little group at this momentum (the characters of "
+                    "two elements do not multiply to their product's), so its projection "
+                    "vanishes; take them from `vitqs ed`"
                 )
 
 

@@ -128,8 +128,8 @@ def ground_state_sector(hamiltonian, vector: np.ndarray) -> dict:
       when not at k = 0 or degenerate;
     - ``point_characters``: ``χ_P`` (+1 or −1) with ``ψ(P x) = χ_P ψ(x)`` for each rotation
       or reflection that keeps its momentum (`Lattice.little_group`, identity first): the
-      value of ``model.point_characters`` that projects on its sector; None when degenerate
-      or some ``χ_P`` is not real.
+      ``point_characters`` of ``model.sector`` that projects on its sector; None when
+      degenerate or some ``χ_P`` is not real.
     """
     lattice, hilbert = hamiltonian.lattice, hamiltonian.hilbert
     shifts = lattice.translation_shifts
