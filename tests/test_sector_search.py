@@ -138,6 +138,8 @@ def test_the_command_prints_its_choice_and_eds_check(tmp_path, capsys):
     code, out, err = run_main(capsys, "sectors", path, "--first-steps", "50", "--json")
     assert code == 0, err
     assert "chosen  k=[3] chi=++ flip -1" in out and ": agrees" in out
+    # as a config takes it
+    assert "model.sector: {momentum: [3], point_characters: [1, 1], spin_flip: -1}" in out
     data = json.loads(out.strip().splitlines()[-1])
     assert data["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
     assert data["ed_agrees"] is True

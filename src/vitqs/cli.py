@@ -148,8 +148,8 @@ def _print_sector_levels(config, energy: float) -> list[dict]:
 
 
 def _model_sector(sector: dict) -> str:
-    """Returns the ground state's sector as a config writes it (``model.sector``), for a
-    model trained in it; empty where its momentum is degenerate."""
+    """Returns a sector as a config writes it (``model.sector``), for a model trained in
+    it; empty where its momentum is degenerate."""
     if sector["momentum"] is None:
         return ""
     keys = ("momentum", "point_characters", "spin_flip")
@@ -316,8 +316,10 @@ def _cmd_sectors(args) -> int:
         )
     chosen = result.chosen
     print(f"chosen  {chosen.label()}, {result.margin_sigma:.3g} σ below the runner-up")
-    keys = ", ".join(f"{key}: {json.dumps(value)}" for key, value in chosen.keys().items())
-    print(f"        model: {{{keys}}}")
+    if args.sign_prior:
+        print(f"        model.sign_prior: {chosen.name}")
+    else:
+        print(f"        model.sector: {_model_sector(chosen.keys())}")
     if args.sign_prior:  # ED has no sign prior to check the choice against
         if args.json:
             print(json_line(_race_json(result, None)))

@@ -39,7 +39,7 @@ class Sector:
         return f"k={list(self.momentum)} chi={chi}{flip}"
 
     def keys(self) -> dict:
-        """Returns the model keys that select this sector."""
+        """Returns the value of `model.sector` that selects this sector."""
         return {
             "momentum": list(self.momentum),
             "point_characters": list(self.point_characters),
