@@ -58,7 +58,7 @@ def test_the_prior_multiplies_psi_by_minus_one_per_up_spin_on_a_marked_cell(prio
 def test_stripes_xy_on_the_square_lattice_is_the_marshall_rotation():
     """The same parameters give the same energy as ψ·(Marshall sign) on H and as bare ψ on
     the Marshall-rotated H (`Heisenberg(sign_rule=True)`): the prior is that rotation."""
-    with_prior, without, hilbert = _pair(SQUARE, "stripes_xy", spin_flip=1)
+    with_prior, without, hilbert = _pair(SQUARE, "stripes_xy", sector={"spin_flip": 1})
     plain = Heisenberg(SQUARE, J1=1.0, J2=0.3)
     rotated = Heisenberg(SQUARE, J1=1.0, J2=0.3, sign_rule=True)
     energy = rayleigh_quotient(plain, model_vector(with_prior, hilbert))
