@@ -316,14 +316,12 @@ def _cmd_sectors(args) -> int:
         )
     chosen = result.chosen
     print(f"chosen  {chosen.label()}, {result.margin_sigma:.3g} σ below the runner-up")
-    if args.sign_prior:
-        print(f"        model.sign_prior: {chosen.name}")
-    else:
-        print(f"        model.sector: {_model_sector(chosen.keys())}")
     if args.sign_prior:  # ED has no sign prior to check the choice against
+        print(f"        model.sign_prior: {chosen.name}")
         if args.json:
             print(json_line(_race_json(result, None)))
         return 0
+    print(f"        model.sector: {_model_sector(chosen.keys())}")
     check = None
     if config.exact.enabled is not False:
         try:

@@ -93,9 +93,9 @@ def recipe(lattice, hamiltonian, model=None) -> dict:
     final = {"n_discard": 16, "symmetrize": _final_projection(lattice)}
     if kind == "sign_rule":
         model["positive"] = True
-        # the common cosine lr and shift schedules, not a constant lr 0.05 and shift 1e-4
-        # (a 300-s choice on the chain of 16): on the 6x6's seed 1 (3,600 s) 1.5e-4 -> 8.7e-5
         sampler["n_discard"] = 8
+        # and the common schedules: a constant lr 0.05 and shift 1e-4 (a 300-s choice on the
+        # chain of 16) missed on the 6x6's seed 1 (3,600 s) at 1.5e-4, the schedules 8.7e-5
     elif kind == "frustrated":
         model["symmetrize"] = "translations"
         if model["patch_size"] == 1:
@@ -126,7 +126,7 @@ def recipe(lattice, hamiltonian, model=None) -> dict:
 
 
 def _claimed_sector(lattice, hamiltonian) -> dict:
-    """Returns the sector keys the recipe claims for a network of wider patches: the
+    """Returns the ``model.sector`` the recipe claims for a network of wider patches: the
     singlet's spin inversion and, on a ring, the Marshall sign's momentum."""
     sector = {}
     flip = _singlet_flip(hamiltonian, lattice.n_sites)
