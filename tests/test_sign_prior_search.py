@@ -96,6 +96,7 @@ def test_the_command_races_the_priors_alone(tmp_path, capsys):
     assert code == 0, err
     data = json.loads(out.strip().splitlines()[-1])
     assert f"chosen  sign_prior={data['chosen']['sign_prior']}" in out
+    assert f"model.sign_prior: {data['chosen']['sign_prior']}" in out  # as a config takes it
     assert len(data["trials"]) == 4 and data["ed_agrees"] is None
 
 
