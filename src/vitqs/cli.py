@@ -12,6 +12,7 @@ from pathlib import Path
 from vitqs import __version__
 from vitqs.config import ConfigError, load
 from vitqs.errors import first_line
+from vitqs.yamlfile import yaml_value
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,8 +154,7 @@ def _model_sector(sector: dict) -> str:
     if sector["momentum"] is None:
         return ""
     keys = ("momentum", "point_characters", "spin_flip")
-    given = [f"{key}: {sector[key]}" for key in keys if sector.get(key) is not None]
-    return "{" + ", ".join(given) + "}"
+    return yaml_value({key: sector[key] for key in keys if sector.get(key) is not None})
 
 
 def _sector_text(sector: dict) -> str:

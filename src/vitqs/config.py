@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from vitqs import recipes
 from vitqs.errors import ConfigError, describe, shown
 from vitqs.recipes import singlet_spin_flip
-from vitqs.yamlfile import apply_overrides, read_yaml
+from vitqs.yamlfile import apply_overrides, read_yaml, yaml_value
 
 # ---- value checkers: each takes (key, value) and returns the value, converted -------------
 
@@ -279,7 +279,7 @@ def anneal_path():
     couplings, fraction = real_mapping("{U: 2.0}"), real(positive=True, maximum=1.0)
 
     def check(key, value):
-        if not isinstance(value, dict) or sorted(value) != ["from", "until"]:
+        if not isinstance(value, dict) or set(value) != {"from", "until"}:
             raise ConfigError(
                 f"{key}={shown(value)} must be a mapping of from and until, e.g. "
                 "{from: {U: 2.0}, until: 0.25}"
@@ -1272,13 +1272,6 @@ def _one_sector(model: dict) -> dict:
     return model
 
 
-def _flow(value) -> str:
-    """Returns a value as YAML writes it on one line (``{from: {U: 2.0}, until: 0.25}``)."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
-    return "null" if value is None else str(value)
-
-
 def _without_retired(data: dict, prefix: str) -> dict:
     """Returns ``data`` without the retired keys that hold their off value; ConfigError for
     one that holds another."""
@@ -1303,9 +1296,9 @@ def _refuse_legacy_keys(data: dict, prefix: str) -> None:
     whole run's."""
     if prefix == "model." and (_LEGACY_SECTOR_KEYS & set(data) or data.get("sector") == "given"):
         given = _one_sector({**data, "sector": "given"})["sector"]
-        today = "search" if data.get("sector") == "search" else _flow(given)
+        today = "search" if data.get("sector") == "search" else yaml_value(given)
         if given is not None and today == "search":  # both: say which they are
-            today = f"search (the run finds it) or model.sector: {_flow(given)}"
+            today = f"search (the run finds it) or model.sector: {yaml_value(given)}"
         raise ConfigError(
             "model.momentum / point_characters / spin_flip: the sector is one value now; "
             f"write model.sector: {today}"
@@ -1324,13 +1317,13 @@ def _refuse_legacy_keys(data: dict, prefix: str) -> None:
             today = upgrade_stored({"optimizer": data})["optimizer"].get(name)
             raise ConfigError(
                 f"optimizer.{name}_final / {name}_schedule: a schedule is one value now; "
-                f"write optimizer.{name}: {_flow(today)} (a number for a constant)"
+                f"write optimizer.{name}: {yaml_value(today)} (a number for a constant)"
             )
     if "anneal_from" in data or "anneal_until" in data:
         today = upgrade_stored({"optimizer": data})["optimizer"]["anneal"]
         raise ConfigError(
             "optimizer.anneal_from / anneal_until: the anneal is one value now; write "
-            f"optimizer.anneal: {_flow(today)}"
+            f"optimizer.anneal: {yaml_value(today)}"
         )
 
 

@@ -17,10 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from vitqs import config
-from vitqs.yamlfile import MAX_YAML_NODES, read_yaml
+from vitqs.yamlfile import MAX_YAML_NODES, read_yaml, yaml_value
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 CONFIGS = CHECKOUT / "configs"
@@ -158,12 +156,6 @@ def shipped_settings(configs: Path = CONFIGS) -> dict[tuple[str | None, str], li
 def _cell(text: str) -> str:
     """Returns ``text`` as one Markdown table cell: one line, its pipes escaped."""
     return " ".join(text.split()).replace("|", "\\|")
-
-
-def yaml_value(value) -> str:
-    """Returns ``value`` as YAML writes it in flow style (null, true, 0.001, [1, 2])."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**9, allow_unicode=True)
-    return text.removesuffix("...\n").strip()
 
 
 def _may_change(f: dataclasses.Field) -> str:

@@ -175,3 +175,12 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"--set {shown}: the value is not valid YAML") from None
         set_dotted(data, key, value)
     return data
+
+
+def yaml_value(value) -> str:
+    """Returns ``value`` as YAML writes it in flow style, on one line, mappings in their own
+    order (null, true, 0.001, [1, 2], {from: {U: 2.0}, until: 0.25})."""
+    text = yaml.safe_dump(
+        value, default_flow_style=True, width=10**9, allow_unicode=True, sort_keys=False
+    )
+    return text.removesuffix("...\n").strip()
