@@ -156,6 +156,11 @@ BAD = {
         lambda d: d["optimizer"].update(anneal={"from": {"J2": 0.0}}),
         "optimizer.anneal={'from': {'J2': 0.0}} must be a mapping of from and until",
     ),
+    # a number key beside the two names (sorting the keys raised TypeError, a traceback)
+    "anneal_number_key": (
+        lambda d: d["optimizer"].update(anneal={"from": {"J2": 0.0}, "until": 0.5, 3: 1}),
+        "optimizer.anneal=",
+    ),
     "anneal_from_not_mapping": (
         lambda d: d["optimizer"].update(anneal={"from": 0.5, "until": 0.3}),
         "optimizer.anneal.from=0.5 (float) must be a mapping",
