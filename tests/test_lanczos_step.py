@@ -130,6 +130,11 @@ def test_monte_carlo_moments_and_step_agree_with_the_exact_sums(system):
         assert deviation < 3 * errors[k], (k, deviation, errors[k])
     exact_energy = step_of(exact_moments)[0]
     assert abs(step.energy - exact_energy) < 3 * step.energy_error
+    # the gain E₁ − E₀ from the same samples: its own error bar holds the exact gain
+    assert step.gain == pytest.approx(step.energy - step.energy_0, abs=1e-12)
+    exact_gain = exact_energy - exact_moments.mean
+    assert abs(step.gain - exact_gain) < 3 * step.gain_error, (step.gain, exact_gain)
+    assert step.gain_error == errors["gain"] > 0
     assert step.energy < step.energy_0 + step.energy_error  # ψ₁ below ψ, within its error
     assert step.variance < step.variance_0
 
@@ -157,9 +162,20 @@ def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(tmp_path, 
     assert sampled["n_samples"] == 4096 and sampled["energy_error"] > 0
     assert abs(sampled["energy"] - summed["energy"]) < 3 * sampled["energy_error"]
     assert abs(sampled["energy_0"] - summed["energy_0"]) < 3 * sampled["energy_0_error"]
+    # ψ₁ as the run's final measurement of ψ plus the gain: the two errors combined, and
+    # the summed ψ₁ within them
+    final = record.final
+    assert sampled["final_plus_gain"] == pytest.approx(final["energy"] + sampled["gain"])
+    assert sampled["final_plus_gain_error"] == pytest.approx(
+        np.hypot(final["energy_error"], sampled["gain_error"])
+    )
+    assert abs(sampled["final_plus_gain"] - summed["energy"]) < 3 * sampled["final_plus_gain_error"]
+    assert summed["gain"] == pytest.approx(summed["energy"] - summed["energy_0"])
+    assert "final_plus_gain" not in summed  # a full sum is exact already
     assert vitqs.load(h5).lanczos["energy"] == sampled["energy"]
     code, out, _ = run_main(capsys, "report", h5)
     assert "- tiny: one Lanczos step (4096 samples): E₁ = " in out
+    assert "; final measurement + gain " in out
 
     record.status, record.final, record.observables = "interrupted", None, {}
     results.write_results(h5, record)

@@ -277,6 +277,18 @@ def _cmd_lanczos(args) -> int:
     ]
     if not math.isnan(row["relative_error"]):
         lines.append(f"  ψ₁ relative error  {row['relative_error']:+.3e}   (E − E_exact)/|E_exact|")
+    if "gain" in row and not row["full_sum"]:
+        lines.append(
+            f"  gain E₁ − E₀  {row['gain']:.4e} ± {row['gain_error']:.1e}   (the same samples)"
+        )
+    if "final_plus_gain" in row:
+        lines.append(
+            f"  ψ₁ as the final measurement + gain  {row['final_plus_gain']:.10f} ± "
+            f"{row['final_plus_gain_error']:.2e}"
+        )
+        relative = row["final_plus_gain_relative_error"]
+        if not math.isnan(relative):
+            lines.append(f"  its relative error  {relative:+.3e}")
     print("\n".join(lines))
     if args.json:
         print(json_line(row))

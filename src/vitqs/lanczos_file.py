@@ -10,6 +10,7 @@ the variational energy: ``vitqs report`` and ``vitqs.load`` read it from there.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from pathlib import Path
 
@@ -60,6 +61,8 @@ def lanczos_of_file(
         row = {**step, "seconds": time.perf_counter() - start}
         exact_energy = record.exact["energy"] if record.exact else None
         row["relative_error"] = results.relative_error(row["energy"], exact_energy)
+        if not full_sum:
+            row |= _on_final(record.final, row["gain"], row["gain_error"], exact_energy)
         record.lanczos = row
         results.write_results(path, record)
     return row
@@ -94,6 +97,25 @@ def _sampled_step(config, hamiltonian, model, measured, record, n_samples) -> di
         "extrapolated": step.extrapolated,
         "n_samples": step.n_samples,
         "full_sum": 0,
+        "gain": step.gain,
+        "gain_error": step.gain_error,
+    }
+
+
+def _on_final(final: dict | None, gain: float, gain_error: float, exact_energy) -> dict:
+    """Returns ψ₁'s energy as the run's final measurement of ψ plus the step's gain, with the
+    two independent errors combined: the final measurement usually took many more samples
+    than the step can afford (each needs the local energies of its connected
+    configurations), and the gain, measured on the step's own samples, is far surer than
+    either of its two energies."""
+    energy, error = (final or {}).get("energy"), (final or {}).get("energy_error")
+    if energy is None or error is None or not math.isfinite(energy + error):
+        return {}
+    on_final = energy + gain
+    return {
+        "final_plus_gain": on_final,
+        "final_plus_gain_error": math.hypot(error, gain_error),
+        "final_plus_gain_relative_error": results.relative_error(on_final, exact_energy),
     }
 
 
@@ -119,4 +141,6 @@ def _full_sum_step(hamiltonian, measured, chunk_size) -> dict:
         "extrapolated": extrapolated,
         "n_samples": int(hamiltonian.hilbert.dimension),
         "full_sum": 1,
+        "gain": energy - moments.mean,
+        "gain_error": 0.0,
     }

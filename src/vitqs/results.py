@@ -356,7 +356,9 @@ FINAL_FIELDS = tuple(f.name for f in dataclasses.fields(FinalRow))
 
 # ``/lanczos``: one Lanczos step on the final state (`vmc.lanczos_step`, ``vitqs lanczos``):
 # ψ₁ = (1 + αH)ψ's energy, error and variance, α, ψ's own from the same samples, their
-# zero-variance extrapolation, the samples (or states summed over: ``full_sum`` 1), seconds
+# zero-variance extrapolation, the samples (or states summed over: ``full_sum`` 1), seconds;
+# the gain E₁ − E₀ and its error, and (Monte Carlo only) ψ₁'s energy as the final
+# measurement's plus the gain (`lanczos_file`; files before 2026-11-29 have neither)
 LANCZOS_FIELDS = (
     "energy",
     "energy_error",
@@ -370,6 +372,11 @@ LANCZOS_FIELDS = (
     "full_sum",
     "relative_error",
     "seconds",
+    "gain",
+    "gain_error",
+    "final_plus_gain",
+    "final_plus_gain_error",
+    "final_plus_gain_relative_error",
 )
 
 
