@@ -155,6 +155,9 @@ def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(tmp_path, 
     assert summed["energy"] <= summed["energy_0"] and summed["variance"] < summed["variance_0"]
     record = results.read_results(h5)
     assert record.lanczos["energy"] == summed["energy"] and record.status == "finished"
+    code, out, _ = run_main(capsys, "report", h5)
+    line = next(line for line in out.splitlines() if "one Lanczos step" in line)
+    assert "(a full sum)" in line and "nan" not in line and "gain" not in line
     # the same final state by Monte Carlo, from the run's chains: within its error bars
     code, out, err = run_main(capsys, "lanczos", h5, "--n-samples", "4096", "--json")
     assert code == 0, err
@@ -172,6 +175,8 @@ def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(tmp_path, 
     assert abs(sampled["final_plus_gain"] - summed["energy"]) < 3 * sampled["final_plus_gain_error"]
     assert summed["gain"] == pytest.approx(summed["energy"] - summed["energy_0"])
     assert "final_plus_gain" not in summed  # a full sum is exact already
+    assert sampled["note"].startswith("ψ has a sign structure")  # the tiny run's ψ is complex
+    assert "note: ψ has a sign structure" in out
     assert vitqs.load(h5).lanczos["energy"] == sampled["energy"]
     code, out, _ = run_main(capsys, "report", h5)
     assert "- tiny: one Lanczos step (4096 samples): E₁ = " in out

@@ -289,6 +289,8 @@ def _cmd_lanczos(args) -> int:
         relative = row["final_plus_gain_relative_error"]
         if not math.isnan(relative):
             lines.append(f"  its relative error  {relative:+.3e}")
+    if row.get("note"):
+        lines.append(f"  note: {row['note']}")
     print("\n".join(lines))
     if args.json:
         print(json_line(row))

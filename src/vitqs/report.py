@@ -168,7 +168,7 @@ def lanczos_text(row: dict) -> str:
     relative = row.get("relative_error")
     if relative is not None and not math.isnan(relative):
         text += f", relative error {relative:+.2e}"
-    if "final_plus_gain" in row:
+    if not math.isnan(row.get("final_plus_gain", math.nan)):  # NaN in a full sum's file
         text += (
             f"; final measurement + gain {row['gain']:.2e} ± {row['gain_error']:.0e}: "
             f"{row['final_plus_gain']:.8f} ± {row['final_plus_gain_error']:.1e}"
