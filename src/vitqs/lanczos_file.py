@@ -20,6 +20,7 @@ from vitqs import results, workfile
 from vitqs.build import build_hamiltonian, build_network, build_sampler, final_network
 from vitqs.checkpoint import stored_config
 from vitqs.config import ConfigError, final_samples, from_dict
+from vitqs.models.precision import NetworkCopy, torch_dtype
 from vitqs.physics import exact
 from vitqs.vmc.lanczos_step import full_sum_moments, lanczos_step, second_local_energy, step_of
 
@@ -93,8 +94,11 @@ def _sampled_step(config, hamiltonian, model, measured, record, n_samples) -> di
     discard = sampler.discard_before(n_samples, config.final.n_discard)
     samples = sampler.draw(measured, n_samples, discard)
     x = samples.x.reshape(-1, hamiltonian.n_sites)
+    # the connected configurations' amplitudes in the precision the run's own local
+    # energies took (sampler.local_energy_dtype): they are the step's cost
+    connected = NetworkCopy(torch_dtype(config.sampler.local_energy_dtype))(measured)
     e_loc, l2 = second_local_energy(
-        hamiltonian, measured, x, samples.log_psi.reshape(-1), config.sampler.chunk_size
+        hamiltonian, measured, x, samples.log_psi.reshape(-1), config.sampler.chunk_size, connected
     )
     shape = samples.x.shape[:2]
     weights = samples.weights

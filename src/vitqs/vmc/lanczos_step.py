@@ -111,24 +111,28 @@ def step_of(m: Moments) -> tuple[float, float, float]:
     return m.mean + shift, max(second - shift * shift, 0.0), alpha
 
 
-def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None):
+def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None, connected=None):
     """Returns ``E_L(x)`` and ``L₂(x) = (H²ψ)(x)/ψ(x)`` ``(B,)`` each, complex, for
     configurations ``x`` ``(B, N)`` whose ``log ψ`` ``(B,)`` is known.
 
+    ``connected``: the network (``model`` in another dtype, `models.precision.NetworkCopy`)
+    that evaluates the connected configurations and theirs, the ``max_conn²`` amplitudes a
+    sample that make the cost; None: ``model``. ``E_L(x)`` always comes from ``model``.
     A connected configuration where ψ vanishes (a symmetry projection cancels it) adds
     nothing, whatever its own local energy."""
     e_loc = local_energy(hamiltonian, model, x, log_psi, chunk_size)
+    connected = model if connected is None else connected
     step = max(1, _CONNECTED_PER_CHUNK // hamiltonian.max_conn)
     parts = []
     for start in range(0, x.shape[0], step):
         x_chunk, log_chunk = x[start : start + step], log_psi[start : start + step]
         x_conn, elements = hamiltonian.get_conn_padded(x_chunk)  # (b, K, N), (b, K)
         rows = distinct_rows(x_conn.reshape(-1, x.shape[-1]))
-        log_conn = evaluate_log_psi(model, rows.x, chunk_size)
+        log_conn = evaluate_log_psi(connected, rows.x, chunk_size).to(log_chunk.dtype)
         e_conn = torch.zeros_like(log_conn)
         present = torch.isfinite(log_conn.real)
         e_conn[present] = local_energy(
-            hamiltonian, model, rows.x[present], log_conn[present], chunk_size
+            hamiltonian, connected, rows.x[present], log_conn[present], chunk_size
         ).to(e_conn.dtype)
         ratio = torch.exp(log_conn[rows.inverse].reshape(elements.shape) - log_chunk[:, None])
         terms = elements.to(ratio.dtype) * ratio * e_conn[rows.inverse].reshape(elements.shape)
