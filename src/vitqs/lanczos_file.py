@@ -29,13 +29,18 @@ FULL_SUM_MAX = 5_000_000
 
 # Measured (results/accuracy.md, 2026-11-29): on the J1-J2 4x4's trained state (1e-6 from E0)
 # 4,096 samples gave the gain as -4.4e-7 ± 1.5e-7 where the full sum gives -8.5e-6, and the
-# variance 4.3e-6 against 8.7e-5; on a positive state of the Heisenberg 4x4 the same test
-# agreed within 1.8 σ. Near the nodes of a signed ψ the local energies are large where
-# |ψ|² is too small to be sampled: the moments' tails are missed, and the error bars with them.
+# variance 4.3e-6 against 8.7e-5; on states of the same recipe stopped at 5.5e-4 to 2.7e-3,
+# 16,384 samples missed the summed gain by 1.4σ, 2.9σ (0.78x) and 4.6σ (2.4x), the variance
+# 33-41 % low each time, and 65,536 samples brought the worst back within 0.5σ. On a positive
+# state of the Heisenberg 4x4 the gain agreed within 1.8σ. Near the nodes of a signed ψ the
+# local energies are large where |ψ|² is small: the moments' tails are missed, and the error
+# bars with them.
 SIGNED_NOTE = (
     "ψ has a sign structure: near its nodes the samples miss the tails of H's moments, so "
-    "the gain and the variances may come out too small (a J1-J2 4x4 state: the gain 19x too "
-    "small); check the step with --full-sum on a system small enough"
+    "the gain may be off by more than its error bar, either way, and the variances too small "
+    "(J1-J2 4x4 states at 16,384 samples: gains 0.78x and 2.4x the summed ones, 2.9σ and "
+    "4.6σ); check the step with --full-sum on a system small enough, or with several times "
+    "the samples"
 )
 
 
