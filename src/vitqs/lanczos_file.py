@@ -10,6 +10,7 @@ the variational energy: ``vitqs report`` and ``vitqs.load`` read it from there.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from vitqs.checkpoint import stored_config
 from vitqs.config import ConfigError, final_samples, from_dict
 from vitqs.models.precision import NetworkCopy, torch_dtype
 from vitqs.physics import exact
-from vitqs.vmc.lanczos_step import full_sum_moments, lanczos_step, second_local_energy, step_of
+from vitqs.vmc.lanczos_step import full_sum_moments, lanczos_step, second_local_energy, step_from
 
 # sectors summed whole by --full-sum: the two matrix-vector products of a sparse matrix
 FULL_SUM_MAX = 5_000_000
@@ -108,20 +109,7 @@ def _sampled_step(config, hamiltonian, model, measured, record, n_samples) -> di
     shape = samples.x.shape[:2]
     weights = samples.weights
     step = lanczos_step(e_loc.reshape(shape), l2.reshape(shape), weights)
-    return {
-        "energy": step.energy,
-        "energy_error": step.energy_error,
-        "variance": step.variance,
-        "alpha": step.alpha,
-        "energy_0": step.energy_0,
-        "energy_0_error": step.energy_0_error,
-        "variance_0": step.variance_0,
-        "extrapolated": step.extrapolated,
-        "n_samples": step.n_samples,
-        "full_sum": 0,
-        "gain": step.gain,
-        "gain_error": step.gain_error,
-    }
+    return dataclasses.asdict(step) | {"full_sum": 0}
 
 
 def _on_final(final: dict | None, gain: float, gain_error: float, exact_energy) -> dict:
@@ -148,21 +136,5 @@ def _full_sum_step(hamiltonian, measured, chunk_size) -> dict:
             f"has about 10^{hamiltonian.hilbert.log_dimension() / 2.302585:.1f}"
         )
     moments = full_sum_moments(hamiltonian, measured, chunk_size)
-    energy, variance, alpha = step_of(moments)
-    extrapolated = float("nan")
-    if moments.variance > variance:
-        extrapolated = energy - variance * (moments.mean - energy) / (moments.variance - variance)
-    return {
-        "energy": energy,
-        "energy_error": 0.0,
-        "variance": variance,
-        "alpha": alpha,
-        "energy_0": moments.mean,
-        "energy_0_error": 0.0,
-        "variance_0": max(moments.variance, 0.0),
-        "extrapolated": extrapolated,
-        "n_samples": int(hamiltonian.hilbert.dimension),
-        "full_sum": 1,
-        "gain": energy - moments.mean,
-        "gain_error": 0.0,
-    }
+    step = step_from(moments, int(hamiltonian.hilbert.dimension))
+    return dataclasses.asdict(step) | {"full_sum": 1}

@@ -167,24 +167,31 @@ def lanczos_step(e_loc, l2, weights=None) -> LanczosStep:
     a jackknife over the chains."""
     flat_weights = None if weights is None else weights.reshape(-1)
     whole = moments_of(e_loc.reshape(-1), l2.reshape(-1), flat_weights)
-    energy, variance, alpha = step_of(whole)
-    errors = {"mean": 0.0, "energy": 0.0, "gain": 0.0}
+    errors = None
     if weights is None and e_loc.ndim > 1 and e_loc.shape[0] > 1:
         errors = jackknife_errors(e_loc, l2)
+    return step_from(whole, int(e_loc.numel()), errors)
+
+
+def step_from(moments: Moments, n_samples: int, errors: dict | None = None) -> LanczosStep:
+    """Returns the `LanczosStep` of ψ with ``moments`` (over ``n_samples`` samples or states),
+    with the errors of `jackknife_errors` (None: 0, a full sum)."""
+    energy, variance, alpha = step_of(moments)
+    errors = errors or {"mean": 0.0, "energy": 0.0, "gain": 0.0}
     extrapolated = math.nan
-    if whole.variance > variance:
-        extrapolated = energy - variance * (whole.mean - energy) / (whole.variance - variance)
+    if moments.variance > variance:
+        extrapolated = energy - variance * (moments.mean - energy) / (moments.variance - variance)
     return LanczosStep(
         energy=energy,
         energy_error=errors["energy"],
         variance=variance,
         alpha=alpha,
-        energy_0=whole.mean,
+        energy_0=moments.mean,
         energy_0_error=errors["mean"],
-        variance_0=max(whole.variance, 0.0),
+        variance_0=max(moments.variance, 0.0),
         extrapolated=extrapolated,
-        n_samples=int(e_loc.numel()),
-        gain=energy - whole.mean,
+        n_samples=n_samples,
+        gain=energy - moments.mean,
         gain_error=errors["gain"],
     )
 
