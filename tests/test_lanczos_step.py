@@ -1,5 +1,5 @@
-"""One Lanczos step on a state: the moments of H by Monte Carlo against the exact sums over
-the sector, the full-sum form against the dense vectors to 1e-10, and ψ₁ never above ψ."""
+"""One Lanczos step on a state: the step by Monte Carlo (samples of g²) against the exact sums
+over the sector, the full-sum form against the dense vectors to 1e-10, and ψ₁ never above ψ."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import BoseHubbard, Heisenberg
 from vitqs.vmc.exact_sampler import ExactSampler
 from vitqs.vmc.lanczos_step import (
+    GuidedState,
     Moments,
     full_sum_moments,
-    jackknife_errors,
-    lanczos_step,
-    moments_of,
+    krylov_step,
+    krylov_terms,
+    sampled_step,
     second_local_energy,
     step_of,
 )
@@ -42,28 +43,45 @@ def _vectors(hamiltonian, model):
     return psi / np.linalg.norm(psi), hamiltonian.to_sparse()
 
 
-@pytest.mark.parametrize("system", ["chain 12", "bosons 6"])
-def test_the_full_sum_of_the_local_estimators_is_the_dense_moments(system):
-    hamiltonian = SYSTEMS[system]()
-    model = _model(hamiltonian)
+def _summed_terms(hamiltonian, model, connected=None, *, guided):
+    """Returns the `krylov_terms` of every state weighted as samples of |ψ|² (or g²) would
+    come, summed: the exact Gram matrix, and the E, σ² it was built with."""
     sampler = ExactSampler(hamiltonian.hilbert)
     with torch.no_grad():
         samples = sampler.sample(model)
-        x = samples.x.reshape(-1, hamiltonian.n_sites)
-        e_loc, l2 = second_local_energy(hamiltonian, model, x, samples.log_psi.reshape(-1))
-    weighted = moments_of(e_loc, l2, samples.weights.reshape(-1))
+        x, log_psi = samples.x.reshape(-1, hamiltonian.n_sites), samples.log_psi.reshape(-1)
+        e_loc, l2 = second_local_energy(hamiltonian, model, x, log_psi, connected=connected)
+    weights = samples.weights.reshape(-1).to(torch.float64)  # |ψ|², normalised
+    energy = float((weights * e_loc.real).sum()) + 0.01  # a guide's E and σ² need not be ψ's
+    variance = 1.3 * float((weights * (e_loc - energy).abs() ** 2).sum())
+    spread = (e_loc - energy).abs() ** 2 / variance  # |D|²
+    terms = krylov_terms(e_loc, l2, energy, variance, spread if guided else None)
+    if guided:  # the states as often as g² = |ψ|² (1 + |D|²) has them
+        weights = weights * (1 + spread)
+    gram = (terms * weights[:, None, None]).sum(dim=0) / weights.sum()
+    return gram.numpy(), energy, variance
+
+
+@pytest.mark.parametrize("system", ["chain 12", "bosons 6"])
+@pytest.mark.parametrize("guided", [True, False])
+def test_the_full_sum_of_the_local_estimators_is_the_dense_step(system, guided):
+    hamiltonian = SYSTEMS[system]()
+    model = _model(hamiltonian)
+    gram, energy, variance = _summed_terms(hamiltonian, model, guided=guided)
+    e0, var0, e1, var1, alpha = krylov_step(gram, energy, variance)
     dense = full_sum_moments(hamiltonian, model)
     v, matrix = _vectors(hamiltonian, model)
-    energy = np.vdot(v, matrix @ v).real
-    shifted = matrix.toarray() - energy * np.eye(len(v))  # H − E
+    exact_energy = np.vdot(v, matrix @ v).real
+    shifted = matrix.toarray() - exact_energy * np.eye(len(v))  # H − E
     central = [np.vdot(v, np.linalg.matrix_power(shifted, k) @ v).real for k in (2, 3, 4)]
-    for got in (weighted, dense):
-        np.testing.assert_allclose(
-            [got.mean, got.c2, got.c3, got.c4], [energy, *central], rtol=1e-10
-        )
+    np.testing.assert_allclose(
+        [dense.mean, dense.c2, dense.c3, dense.c4], [exact_energy, *central], rtol=1e-10
+    )
+    np.testing.assert_allclose([e0, var0], [exact_energy, central[0]], rtol=1e-10)
+    np.testing.assert_allclose([e1, var1, alpha], step_of(dense), rtol=1e-9)
 
 
-def test_connected_configurations_in_float32_keep_the_moments_to_float32s_rounding():
+def test_connected_configurations_in_float32_keep_the_step_to_float32s_rounding():
     # the step's cost is the max_conn² amplitudes a sample, so they may come from a float32
     # copy (sampler.local_energy_dtype); E_L(x) and the samples' log ψ stay float64
     hamiltonian = SYSTEMS["J1-J2 4x4"]()
@@ -72,19 +90,25 @@ def test_connected_configurations_in_float32_keep_the_moments_to_float32s_roundi
     with torch.no_grad():
         samples = sampler.sample(model)
         x, log_psi = samples.x.reshape(-1, hamiltonian.n_sites), samples.log_psi.reshape(-1)
-        weights = samples.weights.reshape(-1)
         e_64, l2_64 = second_local_energy(hamiltonian, model, x, log_psi)
         copy = NetworkCopy(torch.float32)(model)
         e_32, l2_32 = second_local_energy(hamiltonian, model, x, log_psi, connected=copy)
     assert torch.equal(e_32, e_64)  # ψ's own local energies: the model's dtype
     worst = float((l2_32 - l2_64).abs().max() / l2_64.abs().max())
     assert 0 < worst < 2e-6  # measured 3.4e-7: float32 did the sums (float64: ~1e-15)
-    exact_moments, got = moments_of(e_64, l2_64, weights), moments_of(e_32, l2_32, weights)
-    np.testing.assert_allclose(
-        [got.c2, got.c3, got.c4],
-        [exact_moments.c2, exact_moments.c3, exact_moments.c4],
-        rtol=1e-6,
-    )
+    weights = samples.weights.reshape(-1, 1, 1).to(torch.float64)
+    energy = float((weights.reshape(-1) * e_64.real).sum())
+    variance = float((weights.reshape(-1) * (e_64 - energy).abs() ** 2).sum())
+    steps = [
+        krylov_step(
+            (krylov_terms(e, l2, energy, variance) * weights).sum(0).numpy(),
+            energy,
+            variance,
+        )
+        for e, l2 in ((e_64, l2_64), (e_32, l2_32))
+    ]
+    np.testing.assert_allclose(steps[1], steps[0], rtol=1e-6)
+    assert steps[1][2] < steps[1][0]  # the step lowers the energy in both
 
 
 @pytest.mark.parametrize("system", ["chain 12", "bosons 6"])
@@ -136,39 +160,43 @@ def test_near_an_eigenstate_the_step_stays_above_the_ground_state():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("system", ["chain 12", "J1-J2 4x4"])
-def test_monte_carlo_moments_and_step_agree_with_the_exact_sums(system):
-    # each chain one block: the jackknife over chains gives the error bars
+def test_monte_carlo_step_on_samples_of_g_squared_agrees_with_the_exact_sums(system):
+    # chains of g² = |ψ|² (1 + |E_L − E|²/σ²), E and σ² a rough guess as a final measurement
+    # gives them; each chain one block: the jackknife over chains gives the error bars
     hamiltonian = SYSTEMS[system]()
     model = _model(hamiltonian, seed=5)
-    sampler = MetropolisSampler(hamiltonian, n_samples=2048, n_chains=64, n_discard=40, seed=7)
-    with torch.no_grad():
-        samples = sampler.sample(model)
-        x = samples.x.reshape(-1, hamiltonian.n_sites)
-        e_loc, l2 = second_local_energy(hamiltonian, model, x, samples.log_psi.reshape(-1))
-    e_loc, l2 = e_loc.reshape(samples.x.shape[:2]), l2.reshape(samples.x.shape[:2])
-    step = lanczos_step(e_loc, l2)
-    errors = jackknife_errors(e_loc, l2)
     exact_moments = full_sum_moments(hamiltonian, model)
-    estimated = moments_of(e_loc.reshape(-1), l2.reshape(-1))
-    for k in ("mean", "c2", "c3"):
-        deviation = abs(getattr(estimated, k) - getattr(exact_moments, k))
-        assert deviation < 3 * errors[k], (k, deviation, errors[k])
-    exact_energy = step_of(exact_moments)[0]
+    energy, variance = exact_moments.mean * 0.999, exact_moments.c2 * 1.2
+    guide = GuidedState(hamiltonian, model, energy, variance)
+    sampler = MetropolisSampler(
+        hamiltonian, n_samples=2048, n_chains=64, n_discard=40, seed=7, sector_table=False
+    )
+    with torch.no_grad():
+        samples = sampler.sample(guide)
+        x = samples.x.reshape(-1, hamiltonian.n_sites)
+        log_psi = model(x)
+        e_loc, l2 = second_local_energy(hamiltonian, model, x, log_psi)
+    terms = krylov_terms(e_loc, l2, energy, variance, guide.spread(e_loc))
+    terms = terms.reshape(*samples.x.shape[:2], 4, 4)
+    step = sampled_step(terms, energy, variance)
+    exact_energy, exact_variance, _ = step_of(exact_moments)
+    assert abs(step.energy_0 - exact_moments.mean) < 3 * step.energy_0_error
     assert abs(step.energy - exact_energy) < 3 * step.energy_error
-    # the gain E₁ − E₀ from the same samples: its own error bar holds the exact gain
     assert step.gain == pytest.approx(step.energy - step.energy_0, abs=1e-12)
     exact_gain = exact_energy - exact_moments.mean
     assert abs(step.gain - exact_gain) < 3 * step.gain_error, (step.gain, exact_gain)
-    assert step.gain_error == errors["gain"] > 0
+    assert step.gain_error > 0 and step.energy_error > 0
     assert step.energy < step.energy_0 + step.energy_error  # ψ₁ below ψ, within its error
-    assert step.variance < step.variance_0
+    assert step.variance < step.variance_0 and exact_variance < exact_moments.c2
 
 
-def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(tmp_path, capsys):
+def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(
+    tmp_path, capsys, monkeypatch
+):
     from helpers import assert_one_line_error, last_json, run_main, tiny_heisenberg, write_config
 
     import vitqs
-    from vitqs import results
+    from vitqs import lanczos_file, results
 
     config = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
     assert run_main(capsys, "run", config, "--quiet")[0] == 0
@@ -200,12 +228,18 @@ def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(tmp_path, 
     assert abs(sampled["final_plus_gain"] - summed["energy"]) < 3 * sampled["final_plus_gain_error"]
     assert summed["gain"] == pytest.approx(summed["energy"] - summed["energy_0"])
     assert "final_plus_gain" not in summed  # a full sum is exact already
-    assert sampled["note"].startswith("ψ has a sign structure")  # the tiny run's ψ is complex
-    assert "note: ψ has a sign structure" in out
+    # the chains of g² agree (split R̂ of their local energies); were they not to, a note says it
+    assert 0.9 < sampled["r_hat"] < lanczos_file.R_HAT_LIMIT and "note" not in sampled
+    assert f"R̂ {sampled['r_hat']:.2f}" in out
     assert vitqs.load(h5).lanczos["energy"] == sampled["energy"]
     code, out, _ = run_main(capsys, "report", h5)
     assert "- tiny: one Lanczos step (4096 samples): E₁ = " in out
     assert "; final measurement + gain " in out
+
+    monkeypatch.setattr(lanczos_file, "R_HAT_LIMIT", 0.5)
+    code, out, _ = run_main(capsys, "lanczos", h5, "--n-samples", "1024", "--json")
+    assert "note: the chains of the step's samples disagree (split R̂" in out
+    assert last_json(out)["note"].startswith("the chains of the step's samples disagree")
 
     record.status, record.final, record.observables = "interrupted", None, {}
     results.write_results(h5, record)

@@ -266,7 +266,9 @@ def _cmd_lanczos(args) -> int:
     if args.n_samples is not None and args.n_samples < 1:
         raise ConfigError(f"lanczos: --n-samples={args.n_samples} must be >= 1")
     row = lanczos_of_file(args.path, n_samples=args.n_samples, full_sum=args.full_sum)
-    how = "full sum" if row["full_sum"] else f"{row['n_samples']} samples"
+    how = "full sum"
+    if not row["full_sum"]:  # the split R̂ of the step's chains: whether they reached H's tails
+        how = f"{row['n_samples']} samples of g², chains' R̂ {row['r_hat']:.2f}"
     lines = [
         f"{args.path}: one Lanczos step, ψ₁ = (1 + αH)ψ with α = {row['alpha']:.6g} ({how})",
         f"  ψ   energy {row['energy_0']:.10f} ± {row['energy_0_error']:.2e}   variance "

@@ -18,30 +18,36 @@ from pathlib import Path
 import torch
 
 from vitqs import results, workfile
-from vitqs.build import build_hamiltonian, build_network, build_sampler, final_network
+from vitqs.build import build_hamiltonian, build_network, final_network
 from vitqs.checkpoint import stored_config
 from vitqs.config import ConfigError, final_samples, from_dict
 from vitqs.models.precision import NetworkCopy, torch_dtype
 from vitqs.physics import exact
-from vitqs.vmc.lanczos_step import full_sum_moments, lanczos_step, second_local_energy, step_from
+from vitqs.vmc.estimators import evaluate_log_psi, split_r_hat
+from vitqs.vmc.lanczos_step import (
+    GuidedState,
+    full_sum_moments,
+    krylov_terms,
+    sampled_step,
+    second_local_energy,
+    step_from,
+)
+from vitqs.vmc.sampler import MetropolisSampler
 
 # sectors summed whole by --full-sum: the two matrix-vector products of a sparse matrix
 FULL_SUM_MAX = 5_000_000
 
-# Measured (results/accuracy.md, 2026-11-29): on the J1-J2 4x4's trained state (1e-6 from E0)
-# 4,096 samples gave the gain as -4.4e-7 ± 1.5e-7 where the full sum gives -8.5e-6, and the
-# variance 4.3e-6 against 8.7e-5; on states of the same recipe stopped at 5.5e-4 to 2.7e-3,
-# 16,384 samples missed the summed gain by 1.4σ, 2.9σ (0.78x) and 4.6σ (2.4x), the variance
-# 33-41 % low each time, and 65,536 samples brought the worst back within 0.5σ. On a positive
-# state of the Heisenberg 4x4 the gain agreed within 1.8σ. Near the nodes of a signed ψ the
-# local energies are large where |ψ|² is small: the moments' tails are missed, and the error
-# bars with them.
-SIGNED_NOTE = (
-    "ψ has a sign structure: near its nodes the samples miss the tails of H's moments, so "
-    "the gain may be off by more than its error bar, either way, and the variances too small "
-    "(J1-J2 4x4 states at 16,384 samples: gains 0.78x and 2.4x the summed ones, 2.9σ and "
-    "4.6σ); check the step with --full-sum on a system small enough, or with several times "
-    "the samples"
+# The chains of g² (vmc.lanczos_step) must reach wherever (H − E)ψ lives. Measured
+# (results/accuracy.md, 2026-11-29), split R̂ of the samples' local energies over the chains,
+# 4,096 samples in 128 chains: 1.12 on a J1-J2 4x4 state 2.3e-3 from E0 whose step came out
+# right (gain within 0.4σ of the summed one); 3.4 on the recipe's state 1e-6 from E0, whose
+# variance sits on one orbit of 16 configurations the chains reach rarely (at 16,384 samples
+# its gain came out 12.7σ from the summed one).
+R_HAT_LIMIT = 1.3
+R_HAT_NOTE = (
+    "the chains of the step's samples disagree (split R̂ {r_hat:.2f} > 1.3 of the local "
+    "energies): they have not all reached where (H − E)ψ lives, and the step may be off by "
+    "more than its error bar; take more samples, or --full-sum on a system small enough"
 )
 
 
@@ -75,41 +81,55 @@ def lanczos_of_file(
             if full_sum:
                 step = _full_sum_step(hamiltonian, measured, config.sampler.chunk_size)
             else:
-                step = _sampled_step(config, hamiltonian, model, measured, record, n_samples)
+                step = _sampled_step(config, hamiltonian, measured, record, n_samples)
         row = {**step, "seconds": time.perf_counter() - start}
         exact_energy = record.exact["energy"] if record.exact else None
         row["relative_error"] = results.relative_error(row["energy"], exact_energy)
         if not full_sum:
             row |= _on_final(record.final, row["gain"], row["gain_error"], exact_energy)
-            if not getattr(measured, "positive", False):
-                row["note"] = SIGNED_NOTE
         record.lanczos = row
         results.write_results(path, record)
     return row
 
 
-def _sampled_step(config, hamiltonian, model, measured, record, n_samples) -> dict:
-    sampler = build_sampler(config, hamiltonian, model)
+def _sampled_step(config, hamiltonian, measured, record, n_samples) -> dict:
+    """Returns the step measured on samples of g² (`vmc.lanczos_step`), whose E and σ² are
+    the final measurement's, from chains that start where the run's ended."""
+    final = record.final or {}
+    energy, variance = final.get("energy"), final.get("variance")
+    if energy is None or not variance or not math.isfinite(energy + variance):
+        raise ConfigError(f"'{record.name}' has no final energy and variance to guide the step")
+    # the connected configurations' amplitudes in the precision the run's own local
+    # energies took (sampler.local_energy_dtype): they are the step's cost
+    connected = NetworkCopy(torch_dtype(config.sampler.local_energy_dtype))(measured)
+    chunk = config.sampler.chunk_size
+    guide = GuidedState(hamiltonian, connected, energy, variance, chunk)
+    sampler = MetropolisSampler(
+        hamiltonian,
+        n_samples=config.sampler.n_samples,
+        n_chains=config.sampler.n_chains,
+        n_discard=config.sampler.n_discard,
+        seed=config.seed + 2,
+        sector_table=False,
+    )
     chains = (results.load_checkpoint(record).get("sampler") or {}).get("chains")
     if chains is not None:
         with contextlib.suppress(ValueError):  # chains of another sector: random ones
             sampler.start_chains(chains)
-    sampler = sampler.measuring()
     if n_samples is None:  # as many as the final measurement took
-        n_samples = int((record.final or {}).get("n_samples") or final_samples(config))
-    discard = sampler.discard_before(n_samples, config.final.n_discard)
-    samples = sampler.draw(measured, n_samples, discard)
+        n_samples = int(final.get("n_samples") or final_samples(config))
+    # g² is not the |ψ|^p the run's chains come from: half of every chain is thrown away
+    samples = sampler.draw(guide, n_samples, sampler.discard_before(n_samples))
     x = samples.x.reshape(-1, hamiltonian.n_sites)
-    # the connected configurations' amplitudes in the precision the run's own local
-    # energies took (sampler.local_energy_dtype): they are the step's cost
-    connected = NetworkCopy(torch_dtype(config.sampler.local_energy_dtype))(measured)
-    e_loc, l2 = second_local_energy(
-        hamiltonian, measured, x, samples.log_psi.reshape(-1), config.sampler.chunk_size, connected
-    )
-    shape = samples.x.shape[:2]
-    weights = samples.weights
-    step = lanczos_step(e_loc.reshape(shape), l2.reshape(shape), weights)
-    return dataclasses.asdict(step) | {"full_sum": 0}
+    log_psi = evaluate_log_psi(measured, x, chunk)
+    e_loc, l2 = second_local_energy(hamiltonian, measured, x, log_psi, chunk, connected)
+    terms = krylov_terms(e_loc, l2, energy, variance, guide.spread(e_loc))
+    step = sampled_step(terms.reshape(*samples.x.shape[:2], 4, 4), energy, variance)
+    r_hat = split_r_hat(e_loc.real.reshape(samples.x.shape[:2]).to(torch.float64))
+    row = dataclasses.asdict(step) | {"full_sum": 0, "r_hat": r_hat}
+    if not r_hat <= R_HAT_LIMIT:
+        row["note"] = R_HAT_NOTE.format(r_hat=r_hat)
+    return row
 
 
 def _on_final(final: dict | None, gain: float, gain_error: float, exact_energy) -> dict:

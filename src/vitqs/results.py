@@ -358,8 +358,9 @@ FINAL_FIELDS = tuple(f.name for f in dataclasses.fields(FinalRow))
 # ψ₁ = (1 + αH)ψ's energy, error and variance, α, ψ's own from the same samples, their
 # zero-variance extrapolation, the samples (or states summed over: ``full_sum`` 1), seconds;
 # the gain E₁ − E₀ and its error, and (Monte Carlo only) ψ₁'s energy as the final
-# measurement's plus the gain (`lanczos_file`; files before 2026-11-29 have neither), and a
-# note where the samples may miss the moments' tails (a signed ψ)
+# measurement's plus the gain (`lanczos_file`; files before 2026-11-29 have neither); the split
+# R̂ of the step's chains and a note where it says they disagree (a step without R̂ came from
+# samples of |ψ|², and its note said that a signed ψ's may err)
 LANCZOS_FIELDS = (
     "energy",
     "energy_error",
@@ -378,6 +379,7 @@ LANCZOS_FIELDS = (
     "final_plus_gain",
     "final_plus_gain_error",
     "final_plus_gain_relative_error",
+    "r_hat",
     "note",
 )
 

@@ -1,22 +1,33 @@
 """One Lanczos step on a trained state: ``|ψ₁⟩ = (1 + αH)|ψ⟩`` with α minimising the energy.
 
-The step's energy and variance follow from ψ's energy ``E = ⟨H⟩`` and central moments
-``c_k = ⟨(H − E)^k⟩`` (k = 2, 3, 4): in the orthonormal basis {ψ, (H − E)ψ/σ}, σ² = c2, the
-Hamiltonian is ``E + [[0, σ], [σ, c3/σ²]]``, whose lower eigenvalue
+ψ₁ is the lowest state of the space spanned by ``φ₀ = ψ`` and ``φ₁ = (H − E)ψ/σ`` (E near ψ's
+energy, σ² near its variance): the lower root of ``H c = λ S c`` with the 2×2 overlaps
+``S_ij = ⟨φ_i|φ_j⟩`` and ``H_ij = ⟨φ_i|H|φ_j⟩``, never above ψ's energy (Sorella, PRB 64,
+024512 (2001); Hu et al., PRB 88, 060402 (2013) lower the 10×10 J1-J2 energy so). Its variance
+needs ``Q_ij = ⟨Hφ_i|Hφ_j⟩`` too. The three matrices are one 4×4 Gram matrix of the vectors
+``(φ₀, φ₁, Hφ₀, Hφ₁)``, whose amplitudes over ψ at a configuration x are
 
-    E₁ = E + t − √(t² + σ²),   t = c3/(2σ²),
+    (1, D, E_L, (L₂ − E E_L)/σ),   D = (E_L − E)/σ,
 
-is never above ``E`` (Sorella, PRB 64, 024512 (2001); Hu et al., PRB 88, 060402 (2013) lower the
-10×10 J1-J2 energy so). Its variance needs ``c4``. By Monte Carlo over samples of ``|ψ|²``
-with ``E_L(x) = (Hψ)(x)/ψ(x)`` and ``L₂(x) = (H²ψ)(x)/ψ(x) = Σ_x' H_xx' ψ(x')/ψ(x) E_L(x')``,
-``D1 = E_L − E`` and ``D2 = L₂ − 2E E_L + E²``:
+with ``E_L = (Hψ)(x)/ψ(x)`` and ``L₂ = (H²ψ)(x)/ψ(x) = Σ_x' H_xx' ψ(x')/ψ(x) E_L(x')``.
 
-    c2 = ⟨|D1|²⟩,  c3 = ⟨Re(D1* D2)⟩,  c4 = ⟨|D2|²⟩.
+**The samples come from g² = |ψ|² (1 + |D|²)**, that is ``|φ₀|² + |φ₁|²`` (`GuidedState`),
+and each sample's products carry the weight ``|ψ|²/g² = 1/(1 + |D|²)``. Samples of ``|ψ|²``
+alone miss the configurations where ψ is small and (H − E)ψ is not, near a signed ψ's
+nodes, and there the estimators of ``⟨H³⟩`` and ``⟨H⁴⟩`` have infinite variance: on J1-J2
+4×4 states 5.5e-4 to 2.7e-3 from E₀, 16,384 samples of ``|ψ|²`` put the step's gain 1.4σ to
+4.6σ (2.4×) from the summed one and the variance 33-41 % low. Under ``g²`` every weighted
+amplitude of φ₀ and φ₁ is bounded: 4,096 samples of the same states, and of one at 6.5e-3,
+gave the gains within 1.3σ and the variances within 10 % (results/accuracy.md). Where (H − E)ψ lives on a few
+configurations the chains reach rarely (a state 1e-6 from E₀: one orbit of 16
+configurations with |ψ|² 2e-8 holds 92 % of the variance), the chains of ``g²`` disagree
+and their split R̂ shows it.
 
 ``L₂`` needs the local energies of every connected configuration, that is the connected
 configurations of the connected configurations: ``max_conn²`` amplitudes per sample, evaluated
-in chunks (each distinct configuration once). The error bars come from the chains: a
-jackknife over them (each chain's samples are one block), for ``E₁`` as for ``E``.
+in chunks (each distinct configuration once); the chains of ``g²`` need ``max_conn`` amplitudes
+a proposal. The error bars come from the chains: a jackknife over them (each chain's samples
+are one block), for ``E₁`` as for ``E``.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 import torch
 
 from vitqs.vmc.estimators import distinct_rows, evaluate_log_psi, local_energy
@@ -83,32 +95,47 @@ class LanczosStep:
     gain_error: float
 
 
-def _central(shift: float, m1: float, m2: float, m3: float, m4: float) -> Moments:
-    """Returns the `Moments` from moments ``m_k = ⟨(H − shift)^k⟩`` about a shift near the
-    mean (then ``m1`` is small and the conversion loses nothing)."""
-    c2 = m2 - m1**2
-    c3 = m3 - 3 * m1 * m2 + 2 * m1**3
-    c4 = m4 - 4 * m1 * m3 + 6 * m1**2 * m2 - 3 * m1**4
-    return Moments(shift + m1, c2, c3, c4)
+def gram_of(m: Moments) -> np.ndarray:
+    """Returns the exact 4×4 Gram matrix of ``(φ₀, φ₁, Hφ₀, Hφ₁)`` (module docstring) of ψ with
+    `Moments` ``m``, with E = ``m.mean`` and σ² = ``m.c2``: ``d₁ = (H − E)ψ`` is orthogonal to
+    ψ, ``Hψ = d₁ + Eψ``, ``Hd₁ = d₂ + E d₁`` and ``⟨ψ|d₂⟩ = c2``."""
+    e, c2, c3, c4 = m.mean, m.c2, m.c3, m.c4
+    sigma = math.sqrt(c2)
+    overlap = [[1.0, 0.0], [0.0, 1.0]]
+    hamiltonian = [[e, sigma], [sigma, e + c3 / c2]]
+    square = [[e * e + c2, (c3 + 2 * e * c2) / sigma], [0.0, (c4 + 2 * e * c3 + e * e * c2) / c2]]
+    square[1][0] = square[0][1]
+    gram = np.zeros((4, 4))
+    gram[:2, :2], gram[:2, 2:], gram[2:, 2:] = overlap, hamiltonian, square
+    gram[2:, :2] = gram[:2, 2:].T
+    return gram
+
+
+def krylov_step(gram: np.ndarray, energy: float, variance: float) -> tuple[float, ...]:
+    """Returns ``(E₀, σ₀², E₁, σ₁², α)`` of the Gram matrix ``gram`` of ``(φ₀, φ₁, Hφ₀, Hφ₁)``
+    built with ``energy`` E and ``variance`` σ²: ψ's energy and variance, and those of the
+    lowest state ψ₁ = (1 + αH)ψ of their space. H − E S is solved, not H: near an
+    eigenstate the step is a difference 1e8 times smaller than the energies."""
+    overlap, square = gram[:2, :2], gram[2:, 2:]
+    shifted = (gram[:2, 2:] + gram[2:, :2]) / 2 - energy * overlap  # H − E S, made symmetric
+    e0 = energy + shifted[0, 0] / overlap[0, 0]
+    var0 = square[0, 0] / overlap[0, 0] - e0 * e0
+    values, vectors = scipy.linalg.eigh(shifted, overlap)
+    c = vectors[:, 0]
+    e1 = energy + float(values[0])
+    var1 = float(c @ square @ c / (c @ overlap @ c)) - e1 * e1
+    sigma = math.sqrt(variance)
+    base = c[0] - c[1] * energy / sigma  # ψ₁ ∝ c₀ψ + c₁(H − E)ψ/σ = base·ψ + (c₁/σ)Hψ
+    alpha = (c[1] / sigma) / base if base != 0 else math.inf
+    return float(e0), max(float(var0), 0.0), e1, max(var1, 0.0), float(alpha)
 
 
 def step_of(m: Moments) -> tuple[float, float, float]:
-    """Returns ``(E₁, σ₁², α)`` of the Lanczos step with moments ``m``.
-
-    In the orthonormal basis ``{ψ, (H − E)ψ/σ}`` H is ``E + [[0, σ], [σ, c3/σ²]]``, so
-    ``E₁ = E + t − √(t² + σ²)`` with ``t = c3/(2σ²)``; ``ψ₁ = ψ + (λ/σ²)(H − E)ψ`` with
-    ``λ = E₁ − E``, which is ``(1 + αH)ψ`` up to a factor. At an eigenstate ψ₁ is ψ."""
-    c2 = m.c2
-    if c2 <= 1e-300:
-        return m.mean, max(c2, 0.0), 0.0
-    t = m.c3 / (2 * c2)
-    root = math.sqrt(t * t + c2)
-    shift = -c2 / (t + root) if t > 0 else t - root  # the stable form of t − root
-    ratio = shift / c2  # ψ₁ = ψ + ratio · (H − E)ψ
-    alpha = ratio / (1 - ratio * m.mean) if 1 - ratio * m.mean != 0 else math.inf
-    r2 = ratio * ratio * c2  # |ratio (H − E)ψ|²
-    second = (c2 + 2 * ratio * m.c3 + ratio * ratio * m.c4) / (1 + r2)
-    return m.mean + shift, max(second - shift * shift, 0.0), alpha
+    """Returns ``(E₁, σ₁², α)`` of the Lanczos step of ψ with exact `Moments` ``m``.
+    At an eigenstate (``c2`` = 0) ψ₁ is ψ."""
+    if m.c2 <= 1e-300:
+        return m.mean, max(m.c2, 0.0), 0.0
+    return krylov_step(gram_of(m), m.mean, m.c2)[2:]
 
 
 def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None, connected=None):
@@ -140,79 +167,86 @@ def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None, connect
     return e_loc, torch.cat(parts)
 
 
-def _powers(e_loc, l2, shift: float) -> torch.Tensor:
-    """Returns per sample ``(H − s)ψ/ψ`` and ``(H − s)²ψ/ψ`` powers ``(4, ...)``:
-    ``D1 = E_L − s`` and ``D2 = L₂ − 2s E_L + s²`` give ``Re D1``, ``|D1|²``,
-    ``Re(D1* D2)``, ``|D2|²``."""
+class GuidedState(torch.nn.Module):
+    """The guiding function ``g = |ψ| (1 + |E_L − E|²/σ²)^½`` as a network of configurations
+    (real ``log g``), for chains that sample ``g² = |φ₀|² + |φ₁|²`` (module docstring).
+
+    Each call costs the local energies of its configurations (``max_conn`` amplitudes
+    each), a chain's every proposal."""
+
+    def __init__(self, hamiltonian, model, energy: float, variance: float, chunk_size=None):
+        super().__init__()
+        self.psi = model
+        self.hamiltonian, self.chunk_size = hamiltonian, chunk_size
+        self.energy, self.variance = float(energy), float(variance)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        log_psi = evaluate_log_psi(self.psi, x, self.chunk_size)
+        e_loc = local_energy(self.hamiltonian, self.psi, x, log_psi, self.chunk_size)
+        return log_psi.real.to(torch.float64) + 0.5 * torch.log1p(self.spread(e_loc))
+
+    def spread(self, e_loc: torch.Tensor) -> torch.Tensor:
+        """Returns ``|D|² = |E_L − E|²/σ²``: ``g²/|ψ|² − 1``."""
+        return (e_loc.to(torch.complex128) - self.energy).abs() ** 2 / self.variance
+
+
+def krylov_terms(e_loc, l2, energy: float, variance: float, rho=None) -> torch.Tensor:
+    """Returns per sample the real ``(..., 4, 4)`` products ``w Re(z_i* z_j)``, ``z = (1, D,
+    E_L, (L₂ − E E_L)/σ)`` (module docstring), whose mean is the Gram matrix of
+    ``(φ₀, φ₁, Hφ₀, Hφ₁)`` up to a factor: ``w = 1/(1 + ρ)`` for samples of ``|ψ|² (1 + ρ)``
+    (``rho``: `GuidedState.spread`), 1 for samples of ``|ψ|²``. Real parts: for a Hermitian H
+    the exact matrices in this basis are real. A configuration where ψ vanishes (a symmetry
+    projection cancels it, and (Hψ) with it) adds nothing."""
     e, l2 = e_loc.to(torch.complex128), l2.to(torch.complex128)
-    d1 = e - shift
-    d2 = l2 - 2 * shift * e + shift**2
-    return torch.stack([d1.real, d1.abs() ** 2, (d1.conj() * d2).real, d2.abs() ** 2])
+    sigma = math.sqrt(variance)
+    z = torch.stack([torch.ones_like(e), (e - energy) / sigma, e, (l2 - energy * e) / sigma], -1)
+    terms = (z.conj()[..., :, None] * z[..., None, :]).real
+    if rho is not None:
+        terms = terms / (1 + rho.to(torch.float64))[..., None, None]
+    return torch.nan_to_num(terms, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def moments_of(e_loc: torch.Tensor, l2: torch.Tensor, weights=None) -> Moments:
-    """Returns the `Moments` of ``E_L`` and ``L₂`` samples (weighted means with ``weights``,
-    summing to 1: a full sum)."""
-    e = e_loc.reshape(-1).to(torch.complex128)
-    w = None if weights is None else weights.reshape(-1).to(torch.float64)
-    shift = float(e.real.mean() if w is None else (w * e.real).sum())
-    values = _powers(e, l2.reshape(-1), shift)
-    means = values.mean(dim=-1) if w is None else (values * w).sum(dim=-1)
-    return _central(shift, *(float(v) for v in means))
+def sampled_step(terms: torch.Tensor, energy: float, variance: float) -> LanczosStep:
+    """Returns the `LanczosStep` of samples' `krylov_terms` ``(n_chains, n_per_chain, 4, 4)``,
+    with errors from a jackknife over the chains (each chain one block; 0 for one chain)."""
+    sums = terms.sum(dim=1).to(torch.float64).cpu().numpy()  # (n, 4, 4): each chain's sums
+    n, count = sums.shape[0], terms.shape[1]
+    total = sums.sum(axis=0)
+    e0, var0, e1, var1, alpha = krylov_step(total / (n * count), energy, variance)
+    errors = (0.0, 0.0, 0.0)
+    if n > 1:
+        left_out = [krylov_step((total - s) / ((n - 1) * count), energy, variance) for s in sums]
+        values = np.array([[r[0], r[2], r[2] - r[0]] for r in left_out])  # E₀, E₁, gain
+        spread = ((values - values.mean(axis=0)) ** 2).sum(axis=0)
+        errors = tuple(float(v) for v in np.sqrt((n - 1) / n * spread))
+    return _step(e0, var0, e1, var1, alpha, n * count, errors)
 
 
-def lanczos_step(e_loc, l2, weights=None) -> LanczosStep:
-    """Returns ψ's and ψ₁'s energies and variances from ``E_L`` and ``L₂`` of samples
-    ``(n_chains, n_per_chain)`` (or of every state with ``weights``); Monte Carlo errors by
-    a jackknife over the chains."""
-    flat_weights = None if weights is None else weights.reshape(-1)
-    whole = moments_of(e_loc.reshape(-1), l2.reshape(-1), flat_weights)
-    errors = None
-    if weights is None and e_loc.ndim > 1 and e_loc.shape[0] > 1:
-        errors = jackknife_errors(e_loc, l2)
-    return step_from(whole, int(e_loc.numel()), errors)
-
-
-def step_from(moments: Moments, n_samples: int, errors: dict | None = None) -> LanczosStep:
-    """Returns the `LanczosStep` of ψ with ``moments`` (over ``n_samples`` samples or states),
-    with the errors of `jackknife_errors` (None: 0, a full sum)."""
+def step_from(moments: Moments, n_states: int) -> LanczosStep:
+    """Returns the exact `LanczosStep` of ψ with `Moments` summed over ``n_states`` states."""
     energy, variance, alpha = step_of(moments)
-    errors = errors or {"mean": 0.0, "energy": 0.0, "gain": 0.0}
+    return _step(moments.mean, moments.c2, energy, variance, alpha, n_states, (0.0, 0.0, 0.0))
+
+
+def _step(e0, var0, e1, var1, alpha, n_samples, errors) -> LanczosStep:
+    """Returns the `LanczosStep` of ψ's and ψ₁'s energies and variances, ``errors`` those of
+    ``(E₀, E₁, E₁ − E₀)``."""
     extrapolated = math.nan
-    if moments.variance > variance:
-        extrapolated = energy - variance * (moments.mean - energy) / (moments.variance - variance)
+    if var0 > var1:  # zero-variance extrapolation of the two
+        extrapolated = e1 - var1 * (e0 - e1) / (var0 - var1)
     return LanczosStep(
-        energy=energy,
-        energy_error=errors["energy"],
-        variance=variance,
+        energy=e1,
+        energy_error=errors[1],
+        variance=var1,
         alpha=alpha,
-        energy_0=moments.mean,
-        energy_0_error=errors["mean"],
-        variance_0=max(moments.variance, 0.0),
+        energy_0=e0,
+        energy_0_error=errors[0],
+        variance_0=max(var0, 0.0),
         extrapolated=extrapolated,
         n_samples=n_samples,
-        gain=energy - moments.mean,
-        gain_error=errors["gain"],
+        gain=e1 - e0,
+        gain_error=errors[2],
     )
-
-
-def jackknife_errors(e_loc, l2) -> dict[str, float]:
-    """Returns the jackknife errors over the chains (the rows of ``(n_chains, n_per_chain)``
-    samples, each chain one block) of the mean, ``c2``, ``c3``, ``c4``, the step's ``E₁`` and
-    its gain ``E₁ − E₀``."""
-    n, count = e_loc.shape[0], e_loc.shape[1]
-    shift = float(e_loc.real.to(torch.float64).mean())
-    sums = _powers(e_loc, l2, shift).sum(dim=-1).T  # (n, 4): each chain's sums
-    total = sums.sum(dim=0)
-    estimates = []
-    for left_out in range(n):
-        m = _central(shift, *(float(v) for v in (total - sums[left_out]) / ((n - 1) * count)))
-        energy = step_of(m)[0]
-        estimates.append([m.mean, m.c2, m.c3, m.c4, energy, energy - m.mean])
-    estimates = np.array(estimates)  # (n, 6)
-    spread = np.sqrt((n - 1) / n * ((estimates - estimates.mean(axis=0)) ** 2).sum(axis=0))
-    names = ("mean", "c2", "c3", "c4", "energy", "gain")
-    return dict(zip(names, map(float, spread), strict=True))
 
 
 def full_sum_moments(hamiltonian, model, chunk_size=None) -> Moments:
