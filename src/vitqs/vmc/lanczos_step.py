@@ -14,13 +14,14 @@ with ``E_L = (Hψ)(x)/ψ(x)`` and ``L₂ = (H²ψ)(x)/ψ(x) = Σ_x' H_xx' ψ(x')
 **The samples come from g² = |ψ|² (1 + |D|²)**, that is ``|φ₀|² + |φ₁|²`` (`GuidedState`),
 and each sample's products carry the weight ``|ψ|²/g² = 1/(1 + |D|²)``. Samples of ``|ψ|²``
 alone miss the configurations where ψ is small and (H − E)ψ is not, near a signed ψ's
-nodes, and there the estimators of ``⟨H³⟩`` and ``⟨H⁴⟩`` have infinite variance: on J1-J2
-4×4 states 5.5e-4 to 2.7e-3 from E₀, 16,384 samples of ``|ψ|²`` put the step's gain 1.4σ to
-4.6σ (2.4×) from the summed one and the variance 33-41 % low. Under ``g²`` every weighted
-amplitude of φ₀ and φ₁ is bounded: 4,096 samples of the same states, and of one at 6.5e-3,
-gave the gains within 1.3σ and the variances within 10 % (results/accuracy.md). Where (H − E)ψ lives on a few
+nodes, where the estimators of ``⟨H³⟩`` and ``⟨H⁴⟩`` have tails whose variance grows without
+bound as ψ → 0 at fixed (H − E)ψ: on J1-J2 4×4 states 5.5e-4 to 2.7e-3 from E₀, 16,384
+samples of ``|ψ|²`` put the step's gain 1.4σ to 4.6σ (2.4×) from the summed one and the
+variance 33-41 % low. Under ``g²`` every weighted amplitude of φ₀ and φ₁ is bounded: 4,096
+samples of the same states, and of one at 6.5e-3, gave the gains within 1.61σ in 16 steps
+and ψ's variance 0-28 % low (results/accuracy.md). Where (H − E)ψ lives on a few
 configurations the chains reach rarely (a state 1e-6 from E₀: one orbit of 16
-configurations with |ψ|² 2e-8 holds 92 % of the variance), the chains of ``g²`` disagree
+configurations with |ψ|² 2e-8 holds 92 % of the variance), the chains of ``g²`` disagree,
 and their split R̂ shows it.
 
 ``L₂`` needs the local energies of every connected configuration, that is the connected
