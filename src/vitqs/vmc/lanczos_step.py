@@ -118,7 +118,11 @@ def krylov_step(gram: np.ndarray, energy: float, variance: float) -> tuple[float
     lowest state ψ₁ = (1 + αH)ψ of their space. H − E S is solved, not H: near an
     eigenstate the step is a difference 1e8 times smaller than the energies."""
     overlap, square = gram[:2, :2], gram[2:, 2:]
-    shifted = (gram[:2, 2:] + gram[2:, :2]) / 2 - energy * overlap  # H − E S, made symmetric
+    # ⟨φ₁|H|ψ⟩ from E_L alone (⟨φ₁|Hφ₀⟩), not from L₂ (⟨φ₀|Hφ₁⟩, equal but noisier): with
+    # the mean of the two, the gain of a Heisenberg 4×4 state came out 12× less sure
+    off = gram[1, 2]
+    hamiltonian = np.array([[gram[0, 2], off], [off, gram[1, 3]]])
+    shifted = hamiltonian - energy * overlap  # H − E S
     e0 = energy + shifted[0, 0] / overlap[0, 0]
     var0 = square[0, 0] / overlap[0, 0] - e0 * e0
     values, vectors = scipy.linalg.eigh(shifted, overlap)
