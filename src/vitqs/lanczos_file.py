@@ -40,10 +40,10 @@ FULL_SUM_MAX = 5_000_000
 
 # The chains of g² (vmc.lanczos_step) must reach wherever (H − E)ψ lives. Measured
 # (results/accuracy.md, 2026-11-29), the split R̂ of the samples' local energies over 128
-# chains of 32 samples: 1.10-1.31 in 16 steps on four J1-J2 4x4 states 5.5e-4 to 6.5e-3 from
-# E0, whose gains all came out within 1.61σ of the summed ones; 3.3-3.8 in four steps on the
-# recipe's state 1e-6 from E0, whose variance sits on one orbit of 16 configurations the
-# chains reach rarely (variance 85 % low; at 16,384 samples its gain came out 12.7σ off).
+# chains of 32 samples: 1.05-1.31 in 15 steps on five 4x4 states 1e-6 to 6.5e-3 from E0,
+# whose gains came out within 1.9σ of the summed ones but one (2.8σ); 3.3-3.8 in three steps
+# on the J1-J2 recipe's state 1e-6 from E0, whose variance sits on one orbit of 16
+# configurations the chains reach rarely (variance 85 % low, the gain 44-54σ off).
 R_HAT_LIMIT = 1.5
 R_HAT_NOTE = (
     "the chains of the step's samples disagree (split R̂ {r_hat:.2f} > 1.5 of the local "
