@@ -120,7 +120,7 @@ def krylov_step(gram: np.ndarray, energy: float, variance: float) -> tuple[float
     eigenstate the step is a difference 1e8 times smaller than the energies."""
     overlap = gram[:2, :2]
     # ⟨φ₁|H|ψ⟩ from E_L alone (⟨φ₁|Hφ₀⟩), not from L₂ (⟨φ₀|Hφ₁⟩, equal but noisier): with
-    # the mean of the two, the gain of a Heisenberg 4×4 state came out 12× less sure
+    # the mean of the two, the gain of a Heisenberg 4×4 state came out 80× less sure
     off = gram[1, 2]
     hamiltonian = np.array([[gram[0, 2], off], [off, gram[1, 3]]])
     shifted = hamiltonian - energy * overlap  # H − E S
