@@ -216,6 +216,9 @@ def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(
     assert code == 0, err
     sampled = last_json(out)
     assert sampled["n_samples"] == 4096 and sampled["energy_error"] > 0
+    # progress on stderr: the sampling, then every tenth of the samples' H²ψ
+    assert "lanczos: sampling g²: 4096 samples in " in err
+    assert 1 <= err.count("lanczos: H²ψ: ") <= 10 and "H²ψ: 4096/4096 samples" in err
     assert abs(sampled["energy"] - summed["energy"]) < 3 * sampled["energy_error"]
     assert abs(sampled["energy_0"] - summed["energy_0"]) < 3 * sampled["energy_0_error"]
     # ψ₁ as the run's final measurement of ψ plus the gain: the two errors combined, and

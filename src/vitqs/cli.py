@@ -260,12 +260,18 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _lanczos_progress(line: str) -> None:
+    print(f"lanczos: {line}", file=sys.stderr, flush=True)
+
+
 def _cmd_lanczos(args) -> int:
     from vitqs.lanczos_file import lanczos_of_file
 
     if args.n_samples is not None and args.n_samples < 1:
         raise ConfigError(f"lanczos: --n-samples={args.n_samples} must be >= 1")
-    row = lanczos_of_file(args.path, n_samples=args.n_samples, full_sum=args.full_sum)
+    row = lanczos_of_file(
+        args.path, n_samples=args.n_samples, full_sum=args.full_sum, progress=_lanczos_progress
+    )
     how = "full sum"
     if not row["full_sum"]:  # the split R̂ of the step's chains: whether they reached H's tails
         how = f"{row['n_samples']} samples of g², chains' R̂ {row['r_hat']:.2f}"

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,12 +54,18 @@ R_HAT_NOTE = (
 
 
 def lanczos_of_file(
-    path: str | Path, *, n_samples: int | None = None, full_sum: bool = False
+    path: str | Path,
+    *,
+    n_samples: int | None = None,
+    full_sum: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Makes the Lanczos step of the finished run at ``path``, writes it into the file and
     returns it (keys `results.LANCZOS_FIELDS`). ``n_samples``: Monte Carlo samples (default
-    as many as the run's final measurement took). ConfigError for a file that is not a
-    finished run, or a sector too large to sum."""
+    as many as the run's final measurement took). ``progress``: called with a line at each
+    stage of a Monte Carlo step and every tenth of its samples' H²ψ (a step on an 8×8
+    lattice takes tens of minutes). ConfigError for a file that is not a finished run, or a
+    sector too large to sum."""
     path = Path(path)
     start = time.perf_counter()
     with workfile.sole_writer(path):  # no run writes the file meanwhile
@@ -82,7 +89,7 @@ def lanczos_of_file(
             if full_sum:
                 step = _full_sum_step(hamiltonian, measured, config.sampler.chunk_size)
             else:
-                step = _sampled_step(config, hamiltonian, measured, record, n_samples)
+                step = _sampled_step(config, hamiltonian, measured, record, n_samples, progress)
         row = {**step, "seconds": time.perf_counter() - start}
         exact_energy = record.exact["energy"] if record.exact else None
         row["relative_error"] = results.relative_error(row["energy"], exact_energy)
@@ -93,9 +100,10 @@ def lanczos_of_file(
     return row
 
 
-def _sampled_step(config, hamiltonian, measured, record, n_samples) -> dict:
+def _sampled_step(config, hamiltonian, measured, record, n_samples, progress=None) -> dict:
     """Returns the step measured on samples of g² (`vmc.lanczos_step`), whose E and σ² are
     the final measurement's, from chains that start where the run's ended."""
+    say = progress or (lambda line: None)
     final = record.final or {}
     energy, variance = final.get("energy"), final.get("variance")
     if energy is None or not variance or not math.isfinite(energy + variance):
@@ -120,10 +128,17 @@ def _sampled_step(config, hamiltonian, measured, record, n_samples) -> dict:
     if n_samples is None:  # as many as the final measurement took
         n_samples = int(final.get("n_samples") or final_samples(config))
     # g² is not the |ψ|^p the run's chains come from: half of every chain is thrown away
+    start = time.perf_counter()
+    say(f"sampling g²: {n_samples} samples in {sampler.n_chains} chains, half of each discarded")
     samples = sampler.draw(guide, n_samples, sampler.discard_before(n_samples))
     x = samples.x.reshape(-1, hamiltonian.n_sites)
+    say(
+        f"sampled in {time.perf_counter() - start:.0f} s (acceptance {samples.acceptance:.2f}); "
+        f"H²ψ at the {len(x)} samples: up to {hamiltonian.max_conn}² amplitudes each"
+    )
     log_psi = evaluate_log_psi(measured, x, chunk)
-    e_loc, l2 = second_local_energy(hamiltonian, measured, x, log_psi, chunk, connected)
+    tenths = _every_tenth(say, time.perf_counter())
+    e_loc, l2 = second_local_energy(hamiltonian, measured, x, log_psi, chunk, connected, tenths)
     # the weights |ψ|²/g² from the model's own E_L: the chains' float32 ones differ by ~1e-7
     terms = krylov_terms(e_loc, l2, energy, variance, guide.spread(e_loc))
     step = sampled_step(terms.reshape(*samples.x.shape[:2], 4, 4), energy, variance)
@@ -132,6 +147,20 @@ def _sampled_step(config, hamiltonian, measured, record, n_samples) -> dict:
     if not r_hat <= R_HAT_LIMIT:
         row["note"] = R_HAT_NOTE.format(r_hat=r_hat)
     return row
+
+
+def _every_tenth(say: Callable[[str], None], start: float) -> Callable[[int, int], None]:
+    """Returns a ``(done, total)`` callback that says each tenth of the samples done (at
+    most ten lines; fewer where a chunk of samples spans several tenths)."""
+    said = [0]
+
+    def tell(done: int, total: int) -> None:
+        tenth = 10 * done // total
+        if tenth > said[0]:
+            said[0] = tenth
+            say(f"H²ψ: {done}/{total} samples, {time.perf_counter() - start:.0f} s")
+
+    return tell
 
 
 def _on_final(final: dict | None, gain: float, gain_error: float, exact_energy) -> dict:

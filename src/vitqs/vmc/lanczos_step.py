@@ -153,7 +153,9 @@ def step_of(m: Moments) -> tuple[float, float, float]:
     return krylov_step(gram_of(m), m.mean, m.c2)[2:]
 
 
-def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None, connected=None):
+def second_local_energy(
+    hamiltonian, model, x, log_psi, chunk_size=None, connected=None, progress=None
+):
     """Returns ``E_L(x)`` and ``L₂(x) = (H²ψ)(x)/ψ(x)`` ``(B,)`` each, complex, for
     configurations ``x`` ``(B, N)`` whose ``log ψ`` ``(B,)`` is known.
 
@@ -161,7 +163,8 @@ def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None, connect
     that evaluates the connected configurations and theirs, the ``max_conn²`` amplitudes a
     sample that make the cost; None: ``model``. ``E_L(x)`` always comes from ``model``.
     A connected configuration where ψ vanishes (a symmetry projection cancels it) adds
-    nothing, whatever its own local energy."""
+    nothing, whatever its own local energy. ``progress``: called with ``(done, B)`` after
+    each chunk of samples."""
     e_loc = local_energy(hamiltonian, model, x, log_psi, chunk_size)
     connected = model if connected is None else connected
     step = max(1, _CONNECTED_PER_CHUNK // hamiltonian.max_conn)
@@ -179,6 +182,8 @@ def second_local_energy(hamiltonian, model, x, log_psi, chunk_size=None, connect
         ratio = torch.exp(log_conn[rows.inverse].reshape(elements.shape) - log_chunk[:, None])
         terms = elements.to(ratio.dtype) * ratio * e_conn[rows.inverse].reshape(elements.shape)
         parts.append(terms.sum(dim=-1))
+        if progress is not None:
+            progress(start + len(x_chunk), x.shape[0])
     return e_loc, torch.cat(parts)
 
 
