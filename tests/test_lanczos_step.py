@@ -236,13 +236,16 @@ def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(
     assert f"R̂ {sampled['r_hat']:.2f}" in out
     assert vitqs.load(h5).lanczos["energy"] == sampled["energy"]
     code, out, _ = run_main(capsys, "report", h5)
-    assert "- tiny: one Lanczos step (4096 samples): E₁ = " in out
+    how = f"4096 samples of g², chains' R̂ {sampled['r_hat']:.2f}"
+    assert f"- tiny: one Lanczos step ({how}): E₁ = " in out
     assert "; final measurement + gain " in out
 
     monkeypatch.setattr(lanczos_file, "R_HAT_LIMIT", 0.5)
     code, out, _ = run_main(capsys, "lanczos", h5, "--n-samples", "1024", "--json")
     assert "note: the chains of the step's samples disagree (split R̂" in out
     assert last_json(out)["note"].startswith("the chains of the step's samples disagree")
+    code, out, _ = run_main(capsys, "report", h5)
+    assert "; note: the chains of the step's samples disagree (split R̂" in out
 
     record.status, record.final, record.observables = "interrupted", None, {}
     results.write_results(h5, record)

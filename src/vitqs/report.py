@@ -161,6 +161,9 @@ def sign_prior_search_text(kept: str) -> str:
 def lanczos_text(row: dict) -> str:
     """Returns a results file's Lanczos step (`lanczos_file`) as one line."""
     how = "a full sum" if row.get("full_sum") else f"{row.get('n_samples', 0)} samples"
+    r_hat = row.get("r_hat", math.nan)  # NaN: a full sum, or a file from before the g² chains
+    if not math.isnan(r_hat):
+        how += f" of g², chains' R̂ {r_hat:.2f}"
     text = (
         f"one Lanczos step ({how}): E₁ = {row['energy']:.8f} ± {row['energy_error']:.1e}, "
         f"variance {row['variance']:.3e} (ψ: {row['energy_0']:.8f}, {row['variance_0']:.3e})"
@@ -176,6 +179,8 @@ def lanczos_text(row: dict) -> str:
         relative = row.get("final_plus_gain_relative_error")
         if relative is not None and not math.isnan(relative):
             text += f" ({relative:+.2e})"
+    if row.get("note"):
+        text += f"; note: {row['note']}"
     return text
 
 
