@@ -102,7 +102,17 @@ def test_the_8x8_j1j2_has_the_best_published_estimate_and_says_it_is_not_exact()
     assert reference_energy(Heisenberg(Lattice((8, 8)), J1=1.0, J2=0.4)) is None
 
 
-@pytest.mark.parametrize("size, per_site", [(8, -0.673487), (10, -0.671549)])
+def test_the_10x10_j1j2_has_the_best_published_variational_energy_and_says_it_is_not_exact():
+    from vitqs.physics.lattice import Lattice
+    from vitqs.physics.operators import Heisenberg
+    from vitqs.physics.reference import reference_energy
+
+    reference = reference_energy(Heisenberg(Lattice((10, 10)), J1=1.0, J2=0.5))
+    assert reference.energy == pytest.approx(-0.4976939 * 100, rel=1e-12)
+    assert "not exact" in reference.method and "arXiv:2603.14425" in reference.method
+
+
+@pytest.mark.parametrize("size, per_site", [(8, -0.67349005), (10, -0.67155266)])
 def test_the_unfrustrated_square_past_ed_has_sandviks_qmc_energy(size, per_site):
     from vitqs.physics.lattice import Lattice
     from vitqs.physics.operators import Heisenberg
@@ -112,4 +122,4 @@ def test_the_unfrustrated_square_past_ed_has_sandviks_qmc_energy(size, per_site)
         hamiltonian = Heisenberg(Lattice((size, size)), J1=2.0, sign_rule=sign_rule)
         reference = reference_energy(hamiltonian)
         assert reference.energy == pytest.approx(per_site * 2.0 * size**2, rel=1e-12)
-        assert "QMC" in reference.method and "Sandvik, PRB 56, 11678 (1997)" in reference.method
+        assert "QMC" in reference.method and "Sandvik, arXiv:2601.20189" in reference.method
