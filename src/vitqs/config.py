@@ -869,7 +869,8 @@ class ExactConfig(Section):
         escape_hatch=True,
         doc="The exact reference. `auto`: ED when the sector has at most `max_dim` states, else "
         "a reference past ED where one exists (`physics/reference.py`: the Bethe ansatz ring, "
-        "published 6×6 energies); true: ED, an error above `max_dim`; false: no reference.",
+        "published square-lattice energies up to 10×10, some not exact); true: ED, an error "
+        "above `max_dim`; false: no reference.",
         allowed="`auto` | true | false",
     )
     max_dim: int = option(
