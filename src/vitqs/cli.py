@@ -62,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     lanczos.add_argument("path", help="a finished run's results file")
     lanczos.add_argument(
-        "--n-samples", type=int, default=None, help="Monte Carlo samples (default final.n_samples)"
+        "--n-samples",
+        type=int,
+        default=None,
+        help="Monte Carlo samples, rounded up to whole batches of sampler.n_samples (default "
+        "final.n_samples)",
     )
     lanczos.add_argument(
         "--full-sum", action="store_true", help="sum every state of the sector (no noise)"

@@ -129,7 +129,9 @@ def _sampled_step(config, hamiltonian, measured, record, n_samples, progress=Non
         n_samples = int(final.get("n_samples") or final_samples(config))
     # g² is not the |ψ|^p the run's chains come from: half of every chain is thrown away
     start = time.perf_counter()
-    say(f"sampling g²: {n_samples} samples in {sampler.n_chains} chains, half of each discarded")
+    # the chains draw whole batches of sampler.n_samples: the step takes what they drew
+    drawn = sampler.n_batches(n_samples) * sampler.n_samples
+    say(f"sampling g²: {drawn} samples in {sampler.n_chains} chains, half of each discarded")
     samples = sampler.draw(guide, n_samples, sampler.discard_before(n_samples))
     x = samples.x.reshape(-1, hamiltonian.n_sites)
     say(
