@@ -3,6 +3,7 @@ SIGINT to the same energies, and clear errors on truncated or foreign files."""
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -596,7 +597,7 @@ def test_a_run_without_anneal_records_the_config_s_hamiltonian(tmp_path):
     assert [row["anneal_fraction"] for row in record.history] == [1.0] * 4
 
 
-def _collapsed_jastrow_run(tmp_path, max_frozen_steps):
+def _collapsed_jastrow_run(tmp_path, max_frozen_steps, onsite=-1000.0, **sections):
     # a ViT whose Jastrow factor has u(2) = -1000 on the unit-filled 4-site ring: every hop
     # from the Mott configuration makes a double occupancy, so once the chains reach it no
     # move is ever accepted again, and SR, whose samples are then all alike, cannot move the
@@ -606,13 +607,13 @@ def _collapsed_jastrow_run(tmp_path, max_frozen_steps):
     data = tiny_bose_hubbard(
         tmp_path / "out",
         model={"jastrow": True},
-        sampler={"max_frozen_steps": max_frozen_steps},
-        optimizer={"n_iter": 12},
+        sampler={"max_frozen_steps": max_frozen_steps, **sections.get("sampler", {})},
+        optimizer={"n_iter": 12, **sections.get("optimizer", {})},
     )
     data["hamiltonian"]["n_max"] = 2
     config = from_dict(data)
     parameters = build_vmc(config).model.state_dict()
-    parameters["jastrow.onsite"] = torch.tensor([0.0, 0.0, -1000.0], dtype=torch.float64)
+    parameters["jastrow.onsite"] = torch.tensor([0.0, 0.0, onsite], dtype=torch.float64)
     return config, parameters
 
 
@@ -636,10 +637,29 @@ def test_a_run_whose_chains_freeze_stops_with_a_checkpoint(tmp_path):
 
     # null: the steps go on to the end, and the collapsed state is no result all the same
     config, parameters = _collapsed_jastrow_run(tmp_path / "on", None)
-    with pytest.raises(RunStopped, match=r"the last \d+ steps accepted no move.*collapsed"):
+    with pytest.raises(RunStopped, match=r"the chains of the last \d+ steps were frozen.*collapsed"):
         run_config(config, progress=False, initial_parameters=parameters)
     record = results.read_results(results.results_path(config.output.dir, config.name))
     assert record.status == "failed" and record.final is None and len(record.history) == 12
+
+
+def test_chains_that_accept_almost_no_move_are_frozen_too(tmp_path):
+    # a collapsed J1-J2 8x8 run accepted ~1e-5 of its proposals, never exactly 0, and went on
+    # as if sound: fewer than one accepted move per 100 sweeps is frozen
+    from vitqs.runner import RunStopped
+    from vitqs.vmc.reliability import chains_frozen
+
+    assert chains_frozen(1e-5, 64) and chains_frozen(0.0, 4)
+    assert not chains_frozen(2e-3, 64) and not chains_frozen(math.nan, 64)
+    # u(2) = -5 with the parameters held: a few hops in the final measurement's 1,024
+    # samples are accepted, far below one per 100 sweeps
+    config, parameters = _collapsed_jastrow_run(
+        tmp_path, None, -5.0, sampler={"n_samples": 1024}, optimizer={"lr": 1e-9}
+    )
+    with pytest.raises(RunStopped, match=r"chains accepted \d\.\de-0\d of their proposals: frozen"):
+        run_config(config, progress=False, initial_parameters=parameters)
+    record = results.read_results(results.results_path(config.output.dir, config.name))
+    assert record.status == "failed" and record.final is None
 
 
 def test_a_one_state_sector_is_never_called_frozen(tmp_path):

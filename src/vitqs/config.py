@@ -793,7 +793,8 @@ class SamplerConfig(Section):
         runtime=True,
         escape_hatch=True,
         doc="Stop the run (status `failed`, checkpoint kept, exit 2) once the Metropolis "
-        "acceptance has been 0 for this many steps in a row: every chain is frozen, the state "
+        "acceptance has been below one accepted move per chain in 100 sweeps (0 included) for "
+        "this many steps in a row: every chain is frozen, the state "
         "has collapsed (a sector of one state is exempt). null: never stop for it (the final "
         "measurement still fails a collapsed state).",
         allowed="int ≥ 1, or null",

@@ -94,7 +94,7 @@ class Run:
     target: Path | None = None  # <output.dir>/<name>.h5, where the finished run lands
     use_cache: bool = True  # the ED cache
     saved_step: int | None = None  # the checkpoint step the file on disk holds
-    frozen: FrozenChains | None = None  # counts the steps at the end that accepted no move
+    frozen: FrozenChains | None = None  # counts the frozen steps at the end
 
     def __post_init__(self):
         self.saved_step = self.record.checkpoint_step if self.record.checkpoint else None
@@ -819,6 +819,7 @@ def _measure_final(run: Run, start: float) -> Verdict:
         energy,
         samples.acceptance,
         run.frozen.n_frozen if run.frozen is not None else 0,
+        sweep_size=getattr(sampler, "sweep_size", 1),
         chunk_size=config.sampler.chunk_size,
         can_sum=distributed.world_size() == 1,
     )

@@ -25,9 +25,15 @@ ZERO_VARIANCE = 1e-20
 # Sectors up to this size are summed whole to tell an eigenstate from a collapse (12,870
 # states of the 16-site ring: well under a second).
 FULL_SUM_MAX_DIM = 20_000
-# Consecutive steps without an accepted move at the end of the optimisation that make its
-# last gradients meaningless (sampler.max_frozen_steps stops a run sooner or later than this).
+# Consecutive frozen steps at the end of the optimisation that make its last gradients
+# meaningless (sampler.max_frozen_steps stops a run sooner or later than this).
 FROZEN_AT_END = 10
+# Chains that accept fewer moves than this per sweep are frozen: a chain's successive samples
+# are then the same configuration 99 times in 100, and a step's samples are a few
+# configurations per chain. A collapsed J1-J2 8x8 state accepted ~1e-5 of its proposals (a
+# few moves per step among 128 chains) without ever reaching exactly 0, with E stuck and
+# sigma 2e-5; a sound state accepts ~0.1-0.5 (Heisenberg) or ~0.02 (a deep Mott state).
+FROZEN_MOVES_PER_SWEEP = 0.01
 
 
 @dataclass
@@ -37,6 +43,13 @@ class Verdict:
 
     failure: str | None = None
     note: str | None = None
+
+
+def chains_frozen(acceptance: float, sweep_size: int) -> bool:
+    """Returns whether chains with this Metropolis ``acceptance`` over sweeps of
+    ``sweep_size`` proposals have stopped moving (`FROZEN_MOVES_PER_SWEEP`); never for the
+    exact sampler's NaN."""
+    return acceptance * sweep_size < FROZEN_MOVES_PER_SWEEP
 
 
 def is_zero_variance(energy: float, variance: float) -> bool:
@@ -51,6 +64,7 @@ def judge_final(
     acceptance: float,
     n_frozen_at_end: int,
     *,
+    sweep_size: int = 1,
     chunk_size: int | None = None,
     can_sum: bool = True,
 ) -> Verdict:
@@ -61,7 +75,8 @@ def judge_final(
         model: the network measured.
         energy: `Stats` of the final measurement's local energies.
         acceptance: of the final measurement's chains (NaN: a full sum, always trusted).
-        n_frozen_at_end: steps at the end of the optimisation that accepted no move.
+        n_frozen_at_end: frozen steps (`chains_frozen`) at the end of the optimisation.
+        sweep_size: proposals per chain between kept samples of the final measurement.
         chunk_size: states per forward pass of the confirming full sum.
         can_sum: whether a full sum may confirm an eigenstate (not across torch.distributed
             ranks, where the exact sampler does not run: the signs alone then fail the run).
@@ -69,10 +84,10 @@ def judge_final(
     if math.isnan(acceptance) or exact.sector_fits(hamiltonian.hilbert, 1):
         return Verdict()  # a full sum, or a sector of one state: nothing can freeze
     signs = []
-    if acceptance == 0:
-        signs.append("the final measurement's chains accepted no move")
+    if chains_frozen(acceptance, sweep_size):
+        signs.append(f"the final measurement's chains {_accepted(acceptance)}")
     if n_frozen_at_end >= FROZEN_AT_END:
-        signs.append(f"the last {n_frozen_at_end} steps accepted no move")
+        signs.append(f"the chains of the last {n_frozen_at_end} steps were frozen")
     if is_zero_variance(energy.mean.real, energy.variance):
         signs.append(f"the Monte Carlo variance is {energy.variance:.1e}, zero to rounding")
     if not signs:
@@ -96,6 +111,12 @@ def judge_final(
         f"onto a few configurations, so the Monte Carlo energy {energy.mean.real:.10g} and "
         "its variance mean nothing"
     )
+
+
+def _accepted(acceptance: float) -> str:
+    if acceptance == 0:
+        return "accepted no move"
+    return f"accepted {acceptance:.1e} of their proposals: frozen"
 
 
 def full_sum_energy(hamiltonian, model, chunk_size: int | None = None) -> tuple[float, float]:
