@@ -637,7 +637,9 @@ def test_a_run_whose_chains_freeze_stops_with_a_checkpoint(tmp_path):
 
     # null: the steps go on to the end, and the collapsed state is no result all the same
     config, parameters = _collapsed_jastrow_run(tmp_path / "on", None)
-    with pytest.raises(RunStopped, match=r"the chains of the last \d+ steps were frozen.*collapsed"):
+    with pytest.raises(
+        RunStopped, match=r"the chains of the last \d+ steps were frozen.*collapsed"
+    ):
         run_config(config, progress=False, initial_parameters=parameters)
     record = results.read_results(results.results_path(config.output.dir, config.name))
     assert record.status == "failed" and record.final is None and len(record.history) == 12
