@@ -8,6 +8,7 @@ import pytest
 import yaml
 from helpers import (
     run_main,
+    tiny_bose_hubbard,
     tiny_heisenberg,
     write_config,
 )
@@ -447,4 +448,15 @@ def test_a_retired_key_means_what_it_meant_off_and_is_refused_on(key, off, on, t
     data[section][name] = on
     why = RETIRED_BECAUSE.get(key, "this lever was measured, not adopted and removed")
     with pytest.raises(ConfigError, match=rf"{key}=.*: {re.escape(why)} \(issue 51"):
+        from_dict(data)
+
+
+def test_a_chemical_potential_is_no_key_at_fixed_n(tmp_path):
+    # at a fixed number of bosons μ only shifts every energy by −μN: older files store
+    # mu: 0.0, which reads; any other value is refused with what to do instead
+    data = tiny_bose_hubbard(tmp_path)
+    data["hamiltonian"]["mu"] = 0.0
+    assert not hasattr(from_dict(data).hamiltonian, "mu")
+    data["hamiltonian"]["mu"] = 0.5
+    with pytest.raises(ConfigError, match=r"hamiltonian.mu=0.5: .*shifts every energy by −μN"):
         from_dict(data)

@@ -91,7 +91,7 @@ CONSTRUCTORS = [
         },
     ),
     (Heisenberg, cfg.HeisenbergConfig, {k: k for k in ("J1", "J2", "sign_rule", "total_sz")}),
-    (BoseHubbard, cfg.BoseHubbardConfig, {k: k for k in ("J", "U", "mu", "n_max")}),
+    (BoseHubbard, cfg.BoseHubbardConfig, {k: k for k in ("J", "U", "n_max")}),
     (Lattice, cfg.LatticeConfig, {"pbc": "pbc"}),
     (exact.ground_state, cfg.ExactConfig, {"max_dim": "max_dim"}),
     (final_symmetrized, cfg.FinalConfig, {"spin_flip": "spin_flip"}),

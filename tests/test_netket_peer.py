@@ -53,9 +53,7 @@ SYSTEMS = {
     "j1j2_3x4": _system([3, 4], kind="heisenberg", J1=1.0, J2=0.5),
     "bh_chain6": _system([6], kind="bose_hubbard", J=1.0, U=3.3, n_particles=6),
     # odd ring: the sign of J is not a gauge choice there; n_max < N truncates
-    "bh_ring5_mu_nmax3": _system(
-        [5], kind="bose_hubbard", J=0.7, U=3.3, mu=0.4, n_particles=5, n_max=3
-    ),
+    "bh_ring5_nmax3": _system([5], kind="bose_hubbard", J=0.7, U=3.3, n_particles=5, n_max=3),
 }
 
 

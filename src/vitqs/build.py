@@ -57,7 +57,9 @@ def hamiltonian_of(ham: HeisenbergConfig | BoseHubbardConfig, lattice: Lattice):
     """Returns the Hamiltonian a ``hamiltonian`` section describes on ``lattice``."""
     try:
         if isinstance(ham, BoseHubbardConfig):
-            return BoseHubbard(lattice, ham.J, ham.U, ham.mu, ham.n_particles, ham.n_max)
+            return BoseHubbard(
+                lattice, J=ham.J, U=ham.U, n_particles=ham.n_particles, n_max=ham.n_max
+            )
         return Heisenberg(
             lattice, ham.J1, ham.J2, ham.sign_rule, ham.total_sz, ham.J_leg, ham.J_rung
         )

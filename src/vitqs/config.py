@@ -526,13 +526,6 @@ class BoseHubbardConfig(Section):
         allowed="float",
     )
     U: float = option(4.0, real(), physics=True, doc="On-site interaction.", allowed="float")
-    mu: float = option(
-        0.0,
-        real(),
-        physics=True,
-        doc="Chemical potential μ; at a fixed number of bosons it shifts every energy by −μN.",
-        allowed="float",
-    )
     n_particles: int = option(
         check=integer(1),
         physics=True,
@@ -848,8 +841,8 @@ class OptimizerConfig(Section):
     anneal: dict | None = option(
         None,
         optional(anneal_path()),
-        doc="Start the Hamiltonian's couplings (Heisenberg `J1`, `J2`; Bose-Hubbard `J`, `U`, "
-        "`mu`) at the values of `from` and move them linearly to the hamiltonian section's over "
+        doc="Start the Hamiltonian's couplings (Heisenberg `J1`, `J2`; Bose-Hubbard `J`, `U`) "
+        "at the values of `from` and move them linearly to the hamiltonian section's over "
         "the first `until` of the run (a fraction of `n_iter` or of the budget's share for the "
         "steps): the ground state is followed from where it is easy to find. `average_from` "
         "must not start before `until`. The final energy is always the config's Hamiltonian's. "
@@ -1205,6 +1198,7 @@ RETIRED_KEYS = {
     "optimizer.method": "auto",
     "model.kind": "vit",
     "model.attention": "factored",
+    "hamiltonian.mu": 0.0,
 }
 # Retired keys whose lever was adopted, or is chosen for the run: what vitqs does instead
 RETIRED_BECAUSE = {
@@ -1222,6 +1216,8 @@ RETIRED_BECAUSE = {
     "were removed (model.jastrow multiplies the ViT by one)",
     "model.attention": "the attention is factored, weights of the patches' positions only "
     "(softmax attention was removed)",
+    "hamiltonian.mu": "at a fixed number of bosons N a chemical potential only shifts every "
+    "energy by −μN: subtract μN from the energies instead",
 }
 
 
@@ -1634,7 +1630,7 @@ def _check_positive(model: ModelConfig, ham) -> None:
 
 
 # the couplings optimizer.anneal may start elsewhere (not the sector: it fixes the space)
-_COUPLINGS = {"heisenberg": ("J1", "J2"), "bose_hubbard": ("J", "U", "mu")}
+_COUPLINGS = {"heisenberg": ("J1", "J2"), "bose_hubbard": ("J", "U")}
 
 
 def _check_anneal(config: Config) -> None:

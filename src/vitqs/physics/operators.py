@@ -289,7 +289,7 @@ class BoseHubbard(Hamiltonian):
         lattice: Lattice,
         J: float = BoseHubbardConfig.J,
         U: float = BoseHubbardConfig.U,
-        mu: float = BoseHubbardConfig.mu,
+        mu: float = 0.0,
         n_particles: int | None = None,
         n_max: int | None = BoseHubbardConfig.n_max,
     ):
