@@ -95,7 +95,9 @@ def test_the_counted_operations_follow_the_network():
     for d_model in (8, 16):
         data = tiny_heisenberg("/unused")
         data["model"]["d_model"] = d_model
-        data["sampler"]["sector_table"] = False  # per-proposal chains: forward passes
+        # a chain of 16: its sector outnumbers a step's proposals, so the chains step per
+        # proposal, a forward pass each
+        data["lattice"]["shape"] = [16]
         vmc = build_vmc(from_dict(data))
         counts.append(phase_flops(vmc))
     for phase in ("sampling", "local_energy", "jacobian+solve"):
@@ -155,7 +157,8 @@ def test_compiled_chains_report_what_compiling_cost(tmp_path, capsys, monkeypatc
     and keeps the choice in its results file; a short run does not compile."""
     from vitqs import build, results
 
-    data = tiny_heisenberg(tmp_path / "out", sampler={"sector_table": False})
+    data = tiny_heisenberg(tmp_path / "out")
+    data["lattice"]["shape"] = [16]  # chains that step per proposal (not the table walk)
     path = write_config(tmp_path / "tiny.yaml", data)
     code, out, err = run_main(capsys, "bench", "speed", path, "--n-iter", "1", "--json")
     assert code == 0, err

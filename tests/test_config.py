@@ -433,6 +433,7 @@ def test_to_dict_round_trips_through_yaml(tmp_path):
         ("sampler.compile", False, True),
         ("sampler.sum_over_orbits", True, False),
         ("model.head_init_std", 0.1, 0.5),
+        ("sampler.sector_table", True, False),
     ],
 )
 def test_a_retired_key_means_what_it_meant_off_and_is_refused_on(key, off, on, tmp_path):

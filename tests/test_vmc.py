@@ -386,13 +386,15 @@ def test_bad_settings_raise_with_the_config_key():
         OptimizerConfig(lr=-1.0)
 
 
-def _one_step_in_each_dtype(tiny, tmp_path, section: str, key: str, **also) -> dict:
+def _one_step_in_each_dtype(tiny, tmp_path, section: str, key: str, edit=None) -> dict:
     """Returns ``{dtype: (energy, update)}`` of one step of the tiny config with ``section.key``
-    null and float32 (a wide head: ψ far from uniform, ratios far from 1), and ``also`` set in
-    the same section; the model's parameters stay float64 either way."""
+    null and float32 (a wide head: ψ far from uniform, ratios far from 1), after ``edit(data)``;
+    the model's parameters stay float64 either way."""
     steps = {}
     for dtype in (None, "float32"):
-        data = tiny(tmp_path, **{section: {key: dtype, **also}})
+        data = tiny(tmp_path, **{section: {key: dtype}})
+        if edit is not None:
+            edit(data)
         vmc = build_vmc(from_dict(data))
         widen_head(vmc.model, 10.0)  # a head started at std 1
         theta = parameter_vector(vmc.model)
@@ -402,6 +404,15 @@ def _one_step_in_each_dtype(tiny, tmp_path, section: str, key: str, **also) -> d
     return steps
 
 
+def _outnumbering_the_proposals(data) -> None:
+    """Makes the tiny system one whose sector holds more states than a step's proposals
+    (a chain of 16 spins, 8 bosons on 8 sites), so that the chains step per proposal."""
+    n = 16 if data["hamiltonian"]["kind"] == "heisenberg" else 8
+    data["lattice"]["shape"] = [n]
+    if data["hamiltonian"]["kind"] == "bose_hubbard":
+        data["hamiltonian"]["n_particles"] = n
+
+
 @pytest.mark.parametrize("tiny", [tiny_heisenberg, tiny_bose_hubbard])
 @pytest.mark.usefixtures("single_thread")
 def test_a_step_with_float32_local_energies_is_the_float64_step_to_float32_rounding(tmp_path, tiny):
@@ -409,7 +420,7 @@ def test_a_step_with_float32_local_energies_is_the_float64_step_to_float32_round
     # evaluated by a float32 copy (the chains step per proposal: a sector the model tables
     # has every amplitude in float64 already, and its local energies take no forward pass)
     steps = _one_step_in_each_dtype(
-        tiny, tmp_path, "sampler", "local_energy_dtype", sector_table=False
+        tiny, tmp_path, "sampler", "local_energy_dtype", _outnumbering_the_proposals
     )
     (e64, update64), (e32, update32) = steps[None], steps["float32"]
     assert e32 != e64  # the float32 copy did the work

@@ -178,7 +178,6 @@ def build_sampler(config: Config, hamiltonian, model=None, *, compile_chains: bo
                 torch_dtype(cfg.dtype), compile=compile_chains, bare=cfg.bare_chains
             ),
             machine_pow=cfg.machine_pow,
-            sector_table=cfg.sector_table,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from None

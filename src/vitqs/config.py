@@ -766,19 +766,6 @@ class SamplerConfig(Section):
         "(watch the energy's error bar). The final measurement samples |ψ|². Metropolis only.",
         allowed="bool",
     )
-    sector_table: bool = option(
-        True,
-        boolean(),
-        resumable=True,
-        escape_hatch=True,
-        doc="On a sector with no more states than a step's sampling makes proposals, the chains "
-        "walk it by table look-up: one forward pass over the sector instead of one per "
-        "proposal step, the same chains from the same random numbers (`vmc/sector_walk.py`). "
-        "On a sector no larger than the kept samples the local energies come from the table "
-        "too (`sampler.local_energy_dtype` then does nothing). false: a forward pass per "
-        "proposal step always.",
-        allowed="bool",
-    )
     max_frozen_steps: int | None = option(
         50,
         optional(integer(1)),
@@ -1199,6 +1186,7 @@ RETIRED_KEYS = {
     "model.kind": "vit",
     "model.attention": "factored",
     "hamiltonian.mu": 0.0,
+    "sampler.sector_table": True,
 }
 # Retired keys whose lever was adopted, or is chosen for the run: what vitqs does instead
 RETIRED_BECAUSE = {
@@ -1216,6 +1204,9 @@ RETIRED_BECAUSE = {
     "were removed (model.jastrow multiplies the ViT by one)",
     "model.attention": "the attention is factored, weights of the patches' positions only "
     "(softmax attention was removed)",
+    "sampler.sector_table": "the chains walk a sector by table look-up whenever it holds no "
+    "more states than a step's proposals (vmc/sector_walk.py): the same chains from the same "
+    "random numbers as a forward pass per proposal, one forward pass over the sector instead",
     "hamiltonian.mu": "at a fixed number of bosons N a chemical potential only shifts every "
     "energy by −μN: subtract μN from the energies instead",
 }

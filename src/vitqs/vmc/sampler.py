@@ -88,7 +88,7 @@ class MetropolisSampler(ChainState, Sampler):
         seed: int = 0,
         chains=None,
         machine_pow: float = SamplerConfig.machine_pow,
-        sector_table: bool = SamplerConfig.sector_table,
+        sector_table: bool = True,
     ):
         self.hilbert = hamiltonian.hilbert
         self.n_sites = self.hilbert.n_sites
