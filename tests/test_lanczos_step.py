@@ -253,3 +253,20 @@ def test_vitqs_lanczos_keeps_the_step_in_the_file_and_report_shows_it(
     assert_one_line_error(code, err, "tiny.h5", "finished run")
     code, _, err = run_main(capsys, "lanczos", h5, "--n-samples", "0")
     assert_one_line_error(code, err, "--n-samples")
+    code, _, err = run_main(capsys, "lanczos", h5, "--threads", "0")
+    assert_one_line_error(code, err, "--threads")
+
+
+def test_vitqs_lanczos_computes_on_the_run_s_threads_or_those_asked(tmp_path, capsys):
+    from helpers import run_main, tiny_heisenberg, write_config
+
+    data = tiny_heisenberg(tmp_path / "out")
+    data["threads"] = 1
+    config = write_config(tmp_path / "tiny.yaml", data)
+    assert run_main(capsys, "run", config, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    torch.set_num_threads(2)  # conftest restores torch's own after the test
+    assert run_main(capsys, "lanczos", h5, "--full-sum")[0] == 0
+    assert torch.get_num_threads() == 1  # the run's
+    assert run_main(capsys, "lanczos", h5, "--full-sum", "--threads", "2")[0] == 0
+    assert torch.get_num_threads() == 2

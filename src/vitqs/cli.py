@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     lanczos.add_argument(
         "--full-sum", action="store_true", help="sum every state of the sector (no noise)"
     )
+    lanczos.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default the run's own `threads`, as `vitqs run` used them)",
+    )
     lanczos.add_argument("--json", action="store_true", help="end stdout with one JSON line")
 
     sectors = commands.add_parser(
@@ -273,8 +279,14 @@ def _cmd_lanczos(args) -> int:
 
     if args.n_samples is not None and args.n_samples < 1:
         raise ConfigError(f"lanczos: --n-samples={args.n_samples} must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"lanczos: --threads={args.threads} must be >= 1")
     row = lanczos_of_file(
-        args.path, n_samples=args.n_samples, full_sum=args.full_sum, progress=_lanczos_progress
+        args.path,
+        n_samples=args.n_samples,
+        full_sum=args.full_sum,
+        progress=_lanczos_progress,
+        threads=args.threads,
     )
     how = "full sum"
     if not row["full_sum"]:  # the split R̂ of the step's chains: whether they reached H's tails

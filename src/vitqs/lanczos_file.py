@@ -59,13 +59,15 @@ def lanczos_of_file(
     n_samples: int | None = None,
     full_sum: bool = False,
     progress: Callable[[str], None] | None = None,
+    threads: int | None = None,
 ) -> dict:
     """Makes the Lanczos step of the finished run at ``path``, writes it into the file and
     returns it (keys `results.LANCZOS_FIELDS`). ``n_samples``: Monte Carlo samples (default
     as many as the run's final measurement took). ``progress``: called with a line at each
     stage of a Monte Carlo step and every tenth of its samples' H²ψ (a step on an 8×8
-    lattice takes tens of minutes). ConfigError for a file that is not a finished run, or a
-    sector too large to sum."""
+    lattice takes tens of minutes). ``threads``: torch threads (default the run's own
+    ``threads``, as `vitqs run` set them; torch's own where that is null). ConfigError for
+    a file that is not a finished run, or a sector too large to sum."""
     path = Path(path)
     start = time.perf_counter()
     with workfile.sole_writer(path):  # no run writes the file meanwhile
@@ -81,6 +83,8 @@ def lanczos_of_file(
         config = from_dict(stored_config(record) or {}, default_name=record.name)
         if not torch.cuda.is_available():  # a file of a GPU run, read on a CPU
             config.device = "cpu"
+        if threads or config.threads:
+            torch.set_num_threads(threads or config.threads)
         hamiltonian = build_hamiltonian(config)
         model = build_network(config, hamiltonian)
         model.load_state_dict(results.load_checkpoint(record)["model"])
