@@ -763,6 +763,22 @@ def test_init_from_a_smaller_lattice_extends_the_state_to_this_one(tmp_path):
     assert run_config(config, progress=False)["n_iter"] == 4
 
 
+def test_a_carried_state_above_the_infinite_temperature_energy_is_warned_of(tmp_path, capsys):
+    # a state trained under the Marshall sign, carried to the same ring without it, is a
+    # state without the signs it learned: ~+1.5 against the infinite-temperature energy 0
+    source = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
+    assert run_main(capsys, "run", source, "--quiet")[0] == 0
+    h5 = tmp_path / "out" / "tiny.h5"
+    for sign_rule, warned in ((True, False), (False, True)):
+        data = tiny_heisenberg(tmp_path / f"to_{sign_rule}", model={"init_from": str(h5)})
+        data["hamiltonian"]["sign_rule"] = sign_rule
+        code, _, err = run_main(capsys, "run", write_config(tmp_path / "to.yaml", data), "--quiet")
+        assert code == 0, err
+        assert ("above the infinite-temperature energy 0" in err) == warned, err
+        if warned:
+            assert f"model.init_from='{h5}' kept nothing" in err
+
+
 def test_init_from_another_lattice_refuses_what_does_not_carry_over(tmp_path, capsys):
     path = write_config(tmp_path / "tiny.yaml", tiny_heisenberg(tmp_path / "out"))
     assert run_main(capsys, "run", path, "--quiet")[0] == 0

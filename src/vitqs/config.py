@@ -651,8 +651,9 @@ class ModelConfig(Section):
         "run's final state) and, when they are states of this sector, its Monte Carlo chains. "
         "The network must have the same shape (the keys marked `init_from` may differ); a "
         "factored, translation-invariant ViT without Jastrow may come from another size of the "
-        "same lattice kind (`models/transfer.py`). `--resume` ignores it: the checkpoint wins. "
-        "null: random parameters.",
+        "same lattice kind (`models/transfer.py`); the run warns when its first step's energy "
+        "lies above the infinite-temperature energy (the state carried over kept nothing). "
+        "`--resume` ignores it: the checkpoint wins. null: random parameters.",
         allowed="path of a results file (`.h5`), or null",
     )
 

@@ -504,6 +504,8 @@ def _optimize(run: Run, signals: _Signals, progress: bool, start: float) -> None
         bar,
         _Checkpoints(run, signals, start),
     ]
+    if run.record.initial_state == "init_from" and run.vmc.step_count == 0:
+        watchers.append(_CarriedState(run, bar))
     try:
         for _ in run.vmc.run(callbacks=watchers, started=start):
             pass
@@ -537,6 +539,33 @@ class _RecordHistory:
 
     def __call__(self, vmc: VMC, result) -> bool:
         self.record.append_history(results.HistoryRow.of(result))
+        return False
+
+
+class _CarriedState:
+    """Warns once, after the first step of a run started from ``model.init_from``, when its
+    energy lies above the infinite-temperature energy (the mean over every state, what a
+    state without structure gets): the state carried over lost what it had learned (one of
+    five trained J1-J2 6×6 states started the 8×8 at E = +23.2, the others near −13, and
+    that run collapsed)."""
+
+    def __init__(self, run: Run, bar: _ProgressBar):
+        self.run, self.bar = run, bar
+
+    def __call__(self, vmc: VMC, result) -> bool:
+        if vmc.step_count != 1 or result.anneal_fraction < 1.0:
+            return False
+        energy = result.energy
+        infinite = vmc.hamiltonian.infinite_temperature_energy()
+        if energy.mean.real - 3 * energy.error_of_mean > infinite and distributed.is_root():
+            self.bar.bar.write(
+                f"vitqs run: warning: step 0's energy {energy.mean.real:+.6g} ± "
+                f"{energy.error_of_mean:.1e} lies above the infinite-temperature energy "
+                f"{infinite:.6g}: the state carried from model.init_from="
+                f"'{self.run.config.model.init_from}' kept nothing of what it learned there; "
+                "start from another trained state, or from the seed",
+                file=sys.stderr,
+            )
         return False
 
 
