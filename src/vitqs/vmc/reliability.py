@@ -30,9 +30,10 @@ FULL_SUM_MAX_DIM = 20_000
 FROZEN_AT_END = 10
 # Chains that accept fewer moves than this per sweep are frozen: a chain's successive samples
 # are then the same configuration 99 times in 100, and a step's samples are a few
-# configurations per chain. A collapsed J1-J2 8x8 state accepted ~1e-5 of its proposals (a
-# few moves per step among 128 chains) without ever reaching exactly 0, with E stuck and
-# sigma 2e-5; a sound state accepts ~0.1-0.5 (Heisenberg) or ~0.02 (a deep Mott state).
+# configurations per chain. A collapsed J1-J2 8x8 state accepted ~1e-5 of its proposals (0-2
+# moves a step among 128 chains) without ever reaching exactly 0 for long, with E stuck and
+# sigma 2e-5. Sound states accept far more: ~0.2 on the J1-J2 8x8, 0.09 on the Mott insulator
+# of the Bose-Hubbard 3x3 at U = 16.7 sampled from |psi|^2 (results/accuracy.md).
 FROZEN_MOVES_PER_SWEEP = 0.01
 
 
