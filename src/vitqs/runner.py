@@ -558,13 +558,12 @@ class _CarriedState:
         energy = result.energy
         infinite = vmc.hamiltonian.infinite_temperature_energy()
         if energy.mean.real - 3 * energy.error_of_mean > infinite and distributed.is_root():
-            self.bar.bar.write(
+            self.bar.write(
                 f"vitqs run: warning: step 0's energy {energy.mean.real:+.6g} ± "
                 f"{energy.error_of_mean:.1e} lies above the infinite-temperature energy "
                 f"{infinite:.6g}: the state carried from model.init_from="
                 f"'{self.run.config.model.init_from}' kept nothing of what it learned there; "
-                "start from another trained state, or from the seed",
-                file=sys.stderr,
+                "start from another trained state, or from the seed"
             )
         return False
 
@@ -607,7 +606,7 @@ class _ProgressBar:
         )
         warning = busy_machine(threads) if show and sys.stderr.isatty() else None
         if warning:
-            self.bar.write(f"vitqs run: warning: {warning}", file=sys.stderr)
+            self.write(f"vitqs run: warning: {warning}")
 
     def __call__(self, vmc: VMC, result) -> bool:
         if self.show and not self.compile_told:
@@ -620,11 +619,14 @@ class _ProgressBar:
         """Writes, once, what the chains' first compiled pass cost (nothing before it)."""
         if seconds:
             self.compile_told = True
-            self.bar.write(
+            self.write(
                 f"compiled chains: their first compiled graphs took {seconds:.1f} s "
-                f"(tracing and compiling; step {step}'s sampling includes it)",
-                file=sys.stderr,
+                f"(tracing and compiling; step {step}'s sampling includes it)"
             )
+
+    def write(self, line: str) -> None:
+        """Writes ``line`` to stderr above the bar (which stays at the bottom)."""
+        self.bar.write(line, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()
