@@ -15,6 +15,7 @@ from vitqs.build import build_hamiltonian
 from vitqs.checkpoint import stored_config
 from vitqs.config import from_dict
 from vitqs.models.sectors import Sector, candidates, characters, same_sector, stars
+from vitqs.models.symmetrize import little_space_group
 from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
@@ -232,17 +233,49 @@ def test_each_candidate_sectors_exact_level_is_an_eigenvalue_and_eds_sector_hold
     ground = ground_state_sector(hamiltonian, np.linalg.eigh(matrix)[1][:, 0])
     levels = exact_levels(config)
     assert len(levels) == len(candidates(hamiltonian.lattice, spin_flip=True))
-    found = [level for _, level in levels if level is not None]
+    found = [lowest[0] for _, lowest in levels if lowest]
     assert min(found) == pytest.approx(e0, abs=1e-9)
-    for sector, level in levels:
-        if level is None:
+    for sector, lowest in levels:
+        if not lowest:
             continue
+        (level,) = lowest
         assert np.min(np.abs(spectrum - level)) < 1e-9, sector.label()  # a level of H
         assert level > e0 - 1e-9
         if same_sector(hamiltonian.lattice, sector, ground):
             assert level == pytest.approx(e0, abs=1e-9)
         else:  # a ground state that is not degenerate lies in one sector only
             assert level > e0 + 1e-6, sector.label()
+
+
+@pytest.mark.parametrize(
+    "lattice",
+    [
+        {"shape": [8], "pbc": True},  # 70 states: the dense path
+        {"kind": "kagome", "shape": [2, 2], "pbc": True},  # 924 states: Lanczos
+    ],
+    ids=["J1-J2 ring 8", "kagome 2x2"],
+)
+def test_each_sectors_next_levels_are_those_of_h_restricted_to_the_sector(tmp_path, lattice):
+    config = from_dict(_ring_config(tmp_path, None, j2=0.7, lattice=lattice))
+    hamiltonian = build_hamiltonian(config)
+    matrix = hamiltonian.to_sparse().toarray()
+    states = hamiltonian.hilbert.all_states()
+    flipped = hamiltonian.hilbert.state_index(-states)
+    for sector, levels in exact_levels(config, n_levels=3):
+        group, chi = little_space_group(
+            hamiltonian.lattice, list(sector.momentum), list(sector.point_characters)
+        )
+        # the sector's projector as a dense matrix, and H on an orthonormal basis of its range
+        projector = np.zeros(matrix.shape, dtype=complex)
+        for perm, character in zip(np.asarray(group), chi, strict=True):
+            image = hamiltonian.hilbert.state_index(states[:, perm])  # (g v)[i] = v[image[i]]
+            projector[np.arange(len(states)), image] += np.conj(character) / len(group)
+        projector = (projector + sector.spin_flip * projector[:, flipped]) / 2
+        weights, vectors = np.linalg.eigh((projector + projector.conj().T) / 2)
+        basis = vectors[:, weights > 0.5]
+        exact_levels_there = np.linalg.eigvalsh(basis.conj().T @ matrix @ basis)[:3]
+        assert len(levels) == len(exact_levels_there), sector.label()
+        np.testing.assert_allclose(levels, exact_levels_there, atol=1e-8, err_msg=sector.label())
 
 
 def test_ed_prints_each_candidate_sectors_lowest_level(tmp_path, capsys):
@@ -253,6 +286,18 @@ def test_ed_prints_each_candidate_sectors_lowest_level(tmp_path, capsys):
     rows = {row["sector"]: row["energy"] for row in data["sector_levels"]}
     assert rows["k=[3] chi=++ flip -1"] == pytest.approx(data["energy"], abs=1e-10)
     assert "k=[3] chi=++ flip -1" in out and "above E_0" in out
+    # the next levels too: the ring of 6's ground state is alone in its sector, 20 states
+    code, out, err = run_main(capsys, "ed", path, "--sectors", "--levels", "2", "--json")
+    assert code == 0, err
+    assert "next levels above E_0" in out
+    data = json.loads(out.strip().splitlines()[-1])
+    row = {row["sector"]: row for row in data["sector_levels"]}["k=[3] chi=++ flip -1"]
+    assert row["levels"][0] == pytest.approx(data["energy"], abs=1e-10) == row["energy"]
+    assert len(row["levels"]) == 2 and row["levels"][1] > row["levels"][0] + 1e-6
+    code, _, err = run_main(capsys, "ed", path, "--sectors", "--levels", "0")
+    assert_one_line_error(code, err, "--levels=0")
+    code, _, err = run_main(capsys, "ed", path, "--levels", "3")
+    assert_one_line_error(code, err, "add --sectors")
 
 
 def test_exact_levels_refuse_a_sector_above_exact_max_dim(tmp_path):

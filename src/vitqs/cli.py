@@ -14,6 +14,10 @@ from vitqs.config import ConfigError, load
 from vitqs.errors import first_line
 from vitqs.yamlfile import yaml_value
 
+# `vitqs ed --sectors --levels`: Lanczos's cost grows with the levels asked; a few say what a
+# stalled run may have found
+MAX_SECTOR_LEVELS = 20
+
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML config file")
@@ -39,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
         "--sectors",
         action="store_true",
         help="also the lowest level of each candidate sector of a sector search",
+    )
+    ed.add_argument(
+        "--levels",
+        type=int,
+        default=1,
+        help=f"with --sectors: levels of each sector, lowest first (1-{MAX_SECTOR_LEVELS})",
     )
 
     run = commands.add_parser("run", help="optimize a ground state and write results/<name>.h5")
@@ -120,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_ed(args) -> int:
     from vitqs.build import run_exact
 
+    if not 1 <= args.levels <= MAX_SECTOR_LEVELS:
+        raise ConfigError(
+            f"--levels={args.levels}: the levels of each sector to print, an integer in "
+            f"1..{MAX_SECTOR_LEVELS}"
+        )
+    if args.levels > 1 and not args.sectors:
+        raise ConfigError(f"--levels={args.levels} prints the sectors' levels: add --sectors")
     config = load(args.config, args.overrides)
     summary = run_exact(config, use_cache=not args.no_cache)
     ham = config.hamiltonian
@@ -136,25 +153,29 @@ def _cmd_ed(args) -> int:
     cached = " (from cache)" if summary["cached"] else ""
     print(f"  seconds          {summary['seconds']:.3f}{cached}")
     if args.sectors:
-        summary["sector_levels"] = _print_sector_levels(config, summary["energy"])
+        summary["sector_levels"] = _print_sector_levels(config, summary["energy"], args.levels)
     if args.json:
         print(json_line(summary))
     return 0
 
 
-def _print_sector_levels(config, energy: float) -> list[dict]:
+def _print_sector_levels(config, energy: float, n_levels: int) -> list[dict]:
     """Prints the lowest exact level of each candidate sector (`sector_search.exact_levels`)
-    and its height above the ground state; returns them as rows for ``--json``."""
+    and its height above the ground state, and with ``n_levels`` > 1 the heights of the next
+    levels; returns them as rows for ``--json`` (``energy`` the lowest, ``levels`` all)."""
     from vitqs.sector_search import exact_levels
 
-    print(f"  {'candidate sector':<28} {'lowest level':>18} {'above E_0':>11}")
+    more = "   next levels above E_0" if n_levels > 1 else ""
+    print(f"  {'candidate sector':<28} {'lowest level':>18} {'above E_0':>11}{more}")
     rows = []
-    for sector, level in exact_levels(config):
-        if level is None:
+    for sector, levels in exact_levels(config, n_levels):
+        if not levels:
             print(f"  {sector.label():<28} {'no state':>18}")
         else:
-            print(f"  {sector.label():<28} {level:>18.10f} {level - energy:>11.3e}")
-        rows.append({"sector": sector.label(), **sector.keys(), "energy": level})
+            above = "".join(f" {level - energy:>10.3e}" for level in levels[1:])
+            print(f"  {sector.label():<28} {levels[0]:>18.10f} {levels[0] - energy:>11.3e}{above}")
+        lowest = levels[0] if levels else None
+        rows.append({"sector": sector.label(), **sector.keys(), "energy": lowest, "levels": levels})
     return rows
 
 

@@ -37,7 +37,7 @@ from vitqs.extrapolation import stage_extrapolation
 from vitqs.models.sectors import Sector, candidates
 from vitqs.models.symmetrize import little_space_group
 from vitqs.physics import exact
-from vitqs.physics.symmetry import lowest_level
+from vitqs.physics.symmetry import lowest_levels
 from vitqs.vmc.driver import NonFiniteEnergyError
 
 # Steps of the first round when no time is given (each later round doubles them), and the
@@ -245,12 +245,13 @@ def candidates_of(config: Config) -> list[Sector]:
     return candidates(hamiltonian.lattice, spin_flip=spins and config.hamiltonian.total_sz == 0)
 
 
-def exact_levels(config: Config) -> list[tuple[Sector, float | None]]:
-    """Returns each candidate sector (`candidates_of`) with its lowest exact level, by
-    Lanczos on the sector's projection of the Hamiltonian's matrix (`physics.symmetry.
-    lowest_level`; None where the sector holds no state): what a search's short runs are
-    racing towards, and the gaps that decide how long they must run. Where ED fits
-    (``exact.max_dim``) only: `exact.SectorTooLargeError` otherwise."""
+def exact_levels(config: Config, n_levels: int = 1) -> list[tuple[Sector, list[float]]]:
+    """Returns each candidate sector (`candidates_of`) with its ``n_levels`` lowest exact
+    levels, ascending, by Lanczos on the sector's projection of the Hamiltonian's matrix
+    (`physics.symmetry.lowest_levels`; fewer where the sector holds fewer states, none where
+    it holds no state): what a search's short runs are racing towards, the gaps that decide
+    how long they must run, and the levels above on which a short run may stall. Where ED
+    fits (``exact.max_dim``) only: `exact.SectorTooLargeError` otherwise."""
     hamiltonian = build_hamiltonian(config)
     exact.check_dimension(hamiltonian, config.exact.max_dim)
     matrix = hamiltonian.to_sparse()
@@ -259,8 +260,10 @@ def exact_levels(config: Config) -> list[tuple[Sector, float | None]]:
         group, characters = little_space_group(
             hamiltonian.lattice, list(sector.momentum), list(sector.point_characters)
         )
-        level = lowest_level(matrix, hamiltonian.hilbert, group, characters, sector.spin_flip)
-        levels.append((sector, level))
+        found = lowest_levels(
+            matrix, hamiltonian.hilbert, group, characters, sector.spin_flip, n_levels
+        )
+        levels.append((sector, found))
     return levels
 
 

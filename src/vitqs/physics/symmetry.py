@@ -175,17 +175,18 @@ def _point_characters(lattice, hilbert, vector: np.ndarray, momentum) -> list | 
     return [int(np.sign(c.real)) for c in chars]
 
 
-def lowest_level(matrix, hilbert, group, characters, spin_flip: int = 0) -> float | None:
-    """Returns the lowest eigenvalue of the Hamiltonian ``matrix`` among the states with
-    ``ψ(g x) = χ_g ψ(x)`` for each permutation ``g`` of ``group`` (a group, with the
-    one-dimensional representation ``characters``) and, for ``spin_flip`` = ±1,
-    ``ψ(−x) = s ψ(x)``; None when no state of the sector has them (the characters force
-    ``ψ = 0``).
+def lowest_levels(matrix, hilbert, group, characters, spin_flip: int = 0, n_levels: int = 1):
+    """Returns the ``n_levels`` lowest eigenvalues (ascending, with their multiplicity) of the
+    Hamiltonian ``matrix`` among the states with ``ψ(g x) = χ_g ψ(x)`` for each permutation
+    ``g`` of ``group`` (a group, with the one-dimensional representation ``characters``) and,
+    for ``spin_flip`` = ±1, ``ψ(−x) = s ψ(x)``: fewer where the sector holds fewer states,
+    none where no state has them (the characters force ``ψ = 0``). The levels above the
+    lowest are where a run that stalls in the sector may sit.
 
     Lanczos on ``P (H − c) P`` with ``P = (1/n_G) Σ_g χ̄_g g``, times ``(1 + s F)/2`` for the
     spin inversion ``F``, the orthogonal projector on those states (``H`` commutes with it):
-    the shift ``c``, a bound on ``‖H‖``, puts every level of the sector below the zeros that
-    ``P`` leaves on the rest, so the lowest eigenvalue found is the sector's, plus ``c``.
+    the shift ``c``, above a bound on ``‖H‖``, puts every level of the sector below the zeros
+    that ``P`` leaves on the rest: the eigenvalues found below zero are the sector's levels − ``c``.
     Memory: one index array of the sector's size per element of ``group``.
     """
     states = hilbert.all_states()
@@ -198,18 +199,21 @@ def lowest_level(matrix, hilbert, group, characters, spin_flip: int = 0) -> floa
         out = sum(c * vector[image] for c, image in zip(conjugate, images, strict=True))
         return out if flipped is None else (out + spin_flip * out[flipped]) / 2
 
-    shift = float(abs(matrix).sum(axis=1).max())  # ‖H‖ ≤ its largest absolute row sum
+    # ‖H‖ ≤ its largest absolute row sum; + 1 keeps a level at that bound apart from the zeros
+    shift = float(abs(matrix).sum(axis=1).max()) + 1.0
     start = project(np.random.default_rng(0).normal(size=dim).astype(complex))
     if np.linalg.norm(start) < 1e-8 * np.sqrt(dim):  # a random vector's part there: ~√d
-        return None
-    if dim < 400:  # eigsh needs k < dim: dense on tiny sectors
+        return []
+    if dim < 400 or n_levels >= dim - 1:  # eigsh needs k < dim: dense on tiny sectors
         projector = np.stack([project(column) for column in np.eye(dim, dtype=complex)], axis=1)
         dense = projector.conj().T @ (matrix @ projector) - shift * projector
-        return float(np.linalg.eigvalsh((dense + dense.conj().T) / 2)[0]) + shift
+        values = np.linalg.eigvalsh((dense + dense.conj().T) / 2)
+    else:
 
-    def shifted(vector: np.ndarray) -> np.ndarray:  # P (H − c) P v, projecting v once
-        inside = project(vector)
-        return project(matrix @ inside - shift * inside)
+        def shifted(vector: np.ndarray) -> np.ndarray:  # P (H − c) P v, projecting v once
+            inside = project(vector)
+            return project(matrix @ inside - shift * inside)
 
-    operator = sla.LinearOperator((dim, dim), matvec=shifted, dtype=complex)
-    return float(sla.eigsh(operator, k=1, which="SA", v0=start, tol=1e-10)[0][0]) + shift
+        operator = sla.LinearOperator((dim, dim), matvec=shifted, dtype=complex)
+        values = np.sort(sla.eigsh(operator, k=n_levels, which="SA", v0=start, tol=1e-10)[0])
+    return [float(value) + shift for value in values[:n_levels] if value < -0.5]
