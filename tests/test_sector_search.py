@@ -214,14 +214,14 @@ def test_a_search_given_too_little_time_says_how_long_it_needs(tmp_path, capsys)
     assert "chosen  k=[3] chi=++ flip -1" in out
 
 
-@pytest.mark.parametrize(
-    "lattice",
-    [
-        {"shape": [8], "pbc": True},  # 70 states: the dense path
-        {"kind": "kagome", "shape": [2, 2], "pbc": True},  # 924 states: Lanczos
-    ],
-    ids=["J1-J2 ring 8", "kagome 2x2"],
-)
+# the exact levels' two paths: a sector small enough for the dense projection, and Lanczos
+_LEVEL_LATTICES = [
+    {"shape": [8], "pbc": True},  # 70 states: the dense path
+    {"kind": "kagome", "shape": [2, 2], "pbc": True},  # 924 states: Lanczos
+]
+
+
+@pytest.mark.parametrize("lattice", _LEVEL_LATTICES, ids=["J1-J2 ring 8", "kagome 2x2"])
 def test_each_candidate_sectors_exact_level_is_an_eigenvalue_and_eds_sector_holds_e0(
     tmp_path, lattice
 ):
@@ -247,14 +247,7 @@ def test_each_candidate_sectors_exact_level_is_an_eigenvalue_and_eds_sector_hold
             assert level > e0 + 1e-6, sector.label()
 
 
-@pytest.mark.parametrize(
-    "lattice",
-    [
-        {"shape": [8], "pbc": True},  # 70 states: the dense path
-        {"kind": "kagome", "shape": [2, 2], "pbc": True},  # 924 states: Lanczos
-    ],
-    ids=["J1-J2 ring 8", "kagome 2x2"],
-)
+@pytest.mark.parametrize("lattice", _LEVEL_LATTICES, ids=["J1-J2 ring 8", "kagome 2x2"])
 def test_each_sectors_next_levels_are_those_of_h_restricted_to_the_sector(tmp_path, lattice):
     config = from_dict(_ring_config(tmp_path, None, j2=0.7, lattice=lattice))
     hamiltonian = build_hamiltonian(config)
@@ -286,7 +279,7 @@ def test_ed_prints_each_candidate_sectors_lowest_level(tmp_path, capsys):
     rows = {row["sector"]: row["energy"] for row in data["sector_levels"]}
     assert rows["k=[3] chi=++ flip -1"] == pytest.approx(data["energy"], abs=1e-10)
     assert "k=[3] chi=++ flip -1" in out and "above E_0" in out
-    # the next levels too: the ring of 6's ground state is alone in its sector, 20 states
+    # the next levels too: the ground state's sector holds a second level above it
     code, out, err = run_main(capsys, "ed", path, "--sectors", "--levels", "2", "--json")
     assert code == 0, err
     assert "next levels above E_0" in out
