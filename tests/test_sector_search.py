@@ -20,7 +20,14 @@ from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
 from vitqs.physics.symmetry import ground_state_sector
-from vitqs.sector_search import Trial, _margin, exact_levels, search, trial_config
+from vitqs.sector_search import (
+    SearchResult,
+    Trial,
+    _margin,
+    exact_levels,
+    search,
+    trial_config,
+)
 
 # (lattice, J2): ground states at k = π, in odd reflection sectors, at a zone-boundary
 # momentum of a triangular cluster, and the kagome 2×3's [1, 0] with odd reflection
@@ -94,6 +101,8 @@ def test_short_runs_find_eds_sector_where_the_ground_state_is_not_trivial(tmp_pa
     assert not (trivial and sector["spin_flip"] in (None, 1))  # a system worth the test
     assert same_sector(hamiltonian.lattice, found.chosen, sector), found.rows()
     assert found.margin_sigma > 3
+    # these trials converge within their rounds: none was dropped while still falling
+    assert not found.unsettled(), found.settled_text()
 
 
 def test_the_margin_between_noiseless_trials_is_infinite_or_zero():
@@ -106,6 +115,31 @@ def test_the_margin_between_noiseless_trials_is_infinite_or_zero():
     assert _margin([low, Trial(sector, energies=[-2.0] * 8, rounds=1)]) == 0.0
     noisy = Trial(sector, energies=[-1.0, -1.1] * 4, rounds=1)
     assert 0 < _margin([low, noisy]) < math.inf
+
+
+def test_a_candidate_dropped_while_still_falling_past_the_cut_leaves_the_search_unsettled():
+    # 16 steps: the last quarter (4 steps) against the 4 before it
+    sector, other = Sector((1,), (1,), -1), Sector((0,), (1,), -1)
+    falling = list(np.linspace(-1.0, -1.8, 16))  # fell 0.21 over its last 4 steps
+    variances = list(np.linspace(0.5, 0.1, 16))
+    winner = Trial(other, energies=[-1.8, -1.9] * 8, variances=variances, rounds=2)
+    dropped = Trial(sector, falling, variances, rounds=1, cut=winner.score()[0])
+    fall, error = dropped.fall()
+    assert fall == pytest.approx(np.mean(falling[-8:-4]) - np.mean(falling[-4:]))
+    assert fall > 2 * error and dropped.score()[0] - dropped.cut < fall
+    found = SearchResult([winner, dropped], other, _margin([winner, dropped]), 1.0)
+    assert found.unsettled() == [dropped]
+    text = found.settled_text()
+    assert text.startswith("not settled") and sector.label() in text and "0.213" in text
+    assert found.rows()[1]["unsettled"] and found.rows()[1]["fall"] == pytest.approx(fall)
+    # far enough behind, or flat: the cut stands
+    for settled in (
+        Trial(sector, energies=falling, rounds=1, cut=-3.0),
+        Trial(sector, energies=[-1.0, -1.1] * 8, rounds=1, cut=winner.score()[0]),
+    ):
+        found = SearchResult([winner, settled], other, 1.0, 1.0)
+        assert not found.unsettled() and found.settled_text().startswith("settled")
+    assert not winner.unsettled()  # never cut
 
 
 def test_a_trial_computes_local_energies_in_float32_unless_the_config_says(tmp_path):
@@ -139,11 +173,12 @@ def test_the_command_prints_its_choice_and_eds_check(tmp_path, capsys):
     code, out, err = run_main(capsys, "sectors", path, "--first-steps", "50", "--json")
     assert code == 0, err
     assert "chosen  k=[3] chi=++ flip -1" in out and ": agrees" in out
+    assert "settled: no candidate was dropped while still falling" in out
     # as a config takes it
     assert "model.sector: {momentum: [3], point_characters: [1, 1], spin_flip: -1}" in out
     data = json.loads(out.strip().splitlines()[-1])
     assert data["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
-    assert data["ed_agrees"] is True
+    assert data["ed_agrees"] is True and data["settled"] is True
     # the winner's short run extrapolated to zero variance: its sector's lowest level, ED's
     winner = data["trials"][0]
     config = from_dict(_ring_config(tmp_path, 6))
@@ -178,6 +213,7 @@ def test_a_run_searches_its_sector_within_its_budget_and_resumes_there(tmp_path,
     kept = json.loads(record.sector_search)
     assert kept["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
     assert len(kept["trials"]) == 12
+    assert kept["settled"] == all(not row["unsettled"] for row in kept["trials"])
     code, out, _ = run_main(capsys, "report", summary["results_file"])
     assert "sector search: momentum [3]" in out
 

@@ -375,6 +375,7 @@ def _cmd_sectors(args) -> int:
         )
     chosen = result.chosen
     print(f"chosen  {chosen.label()}, {result.margin_sigma:.3g} σ below the runner-up")
+    print(f"        {result.settled_text()}")
     if args.sign_prior:  # ED has no sign prior to check the choice against
         print(f"        model.sign_prior: {chosen.name}")
         if args.json:
@@ -399,6 +400,7 @@ def _race_json(result, ed_agrees) -> dict:
     return {
         "chosen": result.chosen.keys(),
         "margin_sigma": result.margin_sigma,
+        "settled": not result.unsettled(),
         "seconds": result.seconds,
         "ed_agrees": ed_agrees,
         "trials": result.rows(),

@@ -137,7 +137,8 @@ def sector_search_text(kept: str) -> str:
         return (
             f"sector search: momentum {list(chosen['momentum'])}, point_characters "
             f"{list(chosen['point_characters'])}, spin_flip {chosen['spin_flip']} out of "
-            f"{len(trials)} candidates ({margin}, {float(data['seconds']):.0f} s)"
+            f"{len(trials)} candidates ({margin}{_unsettled(data)}, "
+            f"{float(data['seconds']):.0f} s)"
         )
     except (ValueError, KeyError, TypeError):
         return "sector search: its record does not read"
@@ -152,10 +153,16 @@ def sign_prior_search_text(kept: str) -> str:
         margin = "alone" if margin is None else f"{float(margin):.3g} σ below the runner-up"
         return (
             f"sign prior search: {data['chosen']['sign_prior']} out of {len(data['trials'])} "
-            f"candidates ({margin}, {float(data['seconds']):.0f} s)"
+            f"candidates ({margin}{_unsettled(data)}, {float(data['seconds']):.0f} s)"
         )
     except (ValueError, KeyError, TypeError):
         return "sign prior search: its record does not read"
+
+
+def _unsettled(data: dict) -> str:
+    """Returns ", not settled" for a race whose record says a candidate was dropped while
+    still falling past the cut; nothing for a settled one or a file from before the check."""
+    return ", not settled" if data.get("settled") is False else ""
 
 
 def lanczos_text(row: dict) -> str:

@@ -214,12 +214,14 @@ def _race_outcome(name: str, found, what: str, chosen: str):
     if distributed.is_root():
         print(
             f"{name}: {what} chose {chosen} out of {len(found.trials)} candidates, "
-            f"{found.margin_sigma:.3g} σ below the runner-up ({found.seconds:.1f} s)",
+            f"{found.margin_sigma:.3g} σ below the runner-up ({found.seconds:.1f} s); "
+            f"{found.settled_text()}",
             file=sys.stderr,
         )
     kept = {
         "chosen": found.chosen.keys(),
         "margin_sigma": found.margin_sigma if math.isfinite(found.margin_sigma) else None,
+        "settled": not found.unsettled(),
         "seconds": found.seconds,
         "trials": [{**row, "refused": row["refused"][:200]} for row in found.rows()],
     }

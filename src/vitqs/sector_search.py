@@ -10,7 +10,13 @@ upper bound in every sector, so the sector whose state gets lowest holds the gro
 unless the lowest level of another sector is within the noise of the short runs; the margin
 to the runner-up, in its combined standard errors, says how far apart the short runs' late
 energies are, not how far they are from converged: a sector slow to learn can lose to one
-whose lowest level lies above. ED, where it exists, checks the choice
+whose lowest level lies above. So the search also says whether it is *settled*: a
+candidate dropped while its energy was still falling, over its last quarter of steps, by
+more than it lay behind the cut (and by more than twice that fall's standard error) might
+have passed the cut with more steps, and the search says which one and by how much. On the
+kagome 2×3 every cut of the shipped search was unsettled, the ground state's sector among
+the dropped (docs/new_system.md, section 3); on the rings and the ladder of the tests, whose
+trials converge within their rounds, none. ED, where it exists, checks the choice
 (`physics.symmetry.ground_state_sector`); it never makes it.
 
 The sign prior (``model.sign_prior: search``, `search_sign_prior`) is raced the same way: one
@@ -72,6 +78,7 @@ class Trial:
     vmc: object = None
     rounds: int = 0
     stalled: str = ""  # why it takes no more steps (its energies still count)
+    cut: float | None = None  # the last survivor's score when this trial was dropped
 
     def score(self) -> tuple[float, float]:
         """Returns the mean energy of the last quarter of the steps (at least three) and its
@@ -81,6 +88,28 @@ class Trial:
         tail = np.array(_late(self.energies))
         error = tail.std(ddof=1) / math.sqrt(len(tail)) if len(tail) > 1 else math.inf
         return float(tail.mean()), float(error)
+
+    def fall(self) -> tuple[float, float]:
+        """Returns how far the energy fell over the trial's last quarter of steps: the mean
+        of the as many steps before it minus the score, and its standard error; (NaN, NaN)
+        with fewer steps than two such windows."""
+        n = len(_late(self.energies))
+        if len(self.energies) < 2 * n:
+            return math.nan, math.nan
+        before = np.array(self.energies[-2 * n : -n])
+        score, error = self.score()
+        before_error = before.std(ddof=1) / math.sqrt(n)
+        return float(before.mean() - score), float(math.hypot(error, before_error))
+
+    def unsettled(self) -> bool:
+        """Returns whether the trial was dropped while its energy still fell, over its last
+        quarter of steps, by more than it lay behind the cut and by more than twice the
+        fall's standard error: with more steps it might have passed the cut."""
+        if self.cut is None:
+            return False
+        fall, error = self.fall()
+        behind = self.score()[0] - self.cut
+        return fall > behind and fall > 2 * error
 
     def zero_variance(self) -> tuple[float, float]:
         """Returns the energy at zero variance of the trial's last half of the steps and its
@@ -101,12 +130,33 @@ class SearchResult:
     margin_sigma: float
     seconds: float
 
+    def unsettled(self) -> list[Trial]:
+        """Returns the trials dropped while still falling faster than their distance to the
+        cut (`Trial.unsettled`): where a longer search might choose otherwise."""
+        return [trial for trial in self.trials if trial.unsettled()]
+
+    def settled_text(self) -> str:
+        """Returns one line on whether the choice is settled, naming the dropped candidate
+        that fell most beyond its distance to the cut where it is not."""
+        unsettled = self.unsettled()
+        if not unsettled:
+            return "settled: no candidate was dropped while still falling past the cut"
+        worst = max(unsettled, key=lambda t: t.fall()[0] - (t.score()[0] - t.cut))
+        steps = len(_late(worst.energies))
+        return (
+            f"not settled: {len(unsettled)} of the dropped candidates were still falling past "
+            f"the cut, e.g. {worst.candidate.label()} by {worst.fall()[0]:.3g} over its last "
+            f"{steps} steps, {worst.score()[0] - worst.cut:.3g} behind it; a longer search "
+            "may choose otherwise"
+        )
+
     def rows(self) -> list[dict]:
         rows = []
         for trial in self.trials:
             energy, error = trial.score()
             late = _late(trial.variances)
             zero, zero_error = trial.zero_variance()
+            fall, fall_error = trial.fall()
             rows.append(
                 {
                     "candidate": trial.candidate.label(),
@@ -118,6 +168,11 @@ class SearchResult:
                     "zero_variance_error": _finite_or_none(zero_error),
                     "steps": len(trial.energies),
                     "rounds": trial.rounds,
+                    # how far its energy fell over its last quarter, and where it was cut
+                    "fall": _finite_or_none(fall),
+                    "fall_error": _finite_or_none(fall_error),
+                    "cut": trial.cut,
+                    "unsettled": trial.unsettled(),
                     "refused": trial.refused,
                     # the race itself, step by step: how sure the choice is can be read
                     # off the curves, and another rule tried on them
@@ -230,7 +285,10 @@ def _race(config, candidates, configure, what, seconds, first_steps, say):
         if not alive:
             raise ConfigError(f"{what} search: every candidate's energy became non-finite")
         alive.sort(key=lambda t: t.score()[0])
-        alive = alive[: math.ceil(len(alive) / 2)]
+        kept = math.ceil(len(alive) / 2)
+        for dropped in alive[kept:]:
+            dropped.cut = alive[kept - 1].score()[0]
+        alive = alive[:kept]
         steps *= 2
     ranked = sorted(trials, key=lambda t: (bool(t.refused), -t.rounds, t.score()[0]))
     best = ranked[0]
