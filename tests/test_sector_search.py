@@ -20,6 +20,7 @@ from vitqs.physics import exact
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
 from vitqs.physics.symmetry import ground_state_sector
+from vitqs.report import sector_search_text, sign_prior_search_text
 from vitqs.sector_search import (
     SearchResult,
     Trial,
@@ -140,6 +141,21 @@ def test_a_candidate_dropped_while_still_falling_past_the_cut_leaves_the_search_
         found = SearchResult([winner, settled], other, 1.0, 1.0)
         assert not found.unsettled() and found.settled_text().startswith("settled")
     assert not winner.unsettled()  # never cut
+
+
+def test_report_says_a_search_whose_record_is_not_settled():
+    kept = {
+        "chosen": {"momentum": [0, 0], "point_characters": [1, 1], "spin_flip": -1},
+        "margin_sigma": 5.2,
+        "seconds": 1176.0,
+        "trials": [{}, {}],
+    }
+    assert "(5.2 σ below the runner-up, 1176 s)" in sector_search_text(json.dumps(kept))
+    for settled, said in ((False, ", not settled, "), (True, "runner-up, 1176")):
+        assert said in sector_search_text(json.dumps({**kept, "settled": settled}))
+    prior = {"chosen": {"sign_prior": "stripes_x"}, "margin_sigma": 32.9, "seconds": 643.0}
+    text = sign_prior_search_text(json.dumps({**prior, "trials": [{}] * 4, "settled": False}))
+    assert "stripes_x out of 4 candidates (32.9 σ below the runner-up, not settled" in text
 
 
 def test_a_trial_computes_local_energies_in_float32_unless_the_config_says(tmp_path):
