@@ -220,6 +220,7 @@ def test_a_run_searches_its_sector_within_its_budget_and_resumes_there(tmp_path,
     code, out, err = run_main(capsys, "run", path, "--quiet", "--json")
     assert code == 0, err
     assert "sector search chose k=[3] chi=++ flip -1" in err
+    assert "; settled: no candidate was dropped while still falling" in err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["seconds"] <= 12.0 * 1.05
     assert abs(summary["relative_error"]) < 1e-3  # trained in the ground state's sector
