@@ -31,7 +31,7 @@ state lies. Elsewhere the recipe claims the crystal momentum k = 0 (on a chain w
 sign rule, the Marshall sign's k), trivial point-group characters and the singlet's spin
 inversion, unless the config says otherwise: wider patches carry only the momenta of
 whole-patch shifts, and a search over the J1-J2 4x4's 12 carried sectors needs ~26 minutes
-for its first round (measured: docs/new_system.md, section 3).
+for its first round (measured: docs/new_system.md, section 0).
 """
 
 from __future__ import annotations
