@@ -143,11 +143,15 @@ class SearchResult:
             return "settled: no candidate was dropped while still falling past the cut"
         worst = max(unsettled, key=lambda t: t.fall()[0] - (t.score()[0] - t.cut))
         steps = len(_late(worst.energies))
+        many = (
+            f"{len(unsettled)} dropped candidates were"
+            if len(unsettled) > 1
+            else "a dropped candidate was"
+        )
         return (
-            f"not settled: {len(unsettled)} of the dropped candidates were still falling past "
-            f"the cut, e.g. {worst.candidate.label()} by {worst.fall()[0]:.3g} over its last "
-            f"{steps} steps, {worst.score()[0] - worst.cut:.3g} behind it; a longer search "
-            "may choose otherwise"
+            f"not settled: {many} still falling past the cut, e.g. "
+            f"{worst.candidate.label()} by {worst.fall()[0]:.3g} over its last {steps} steps, "
+            f"{worst.score()[0] - worst.cut:.3g} behind it; a longer search may choose otherwise"
         )
 
     def rows(self) -> list[dict]:
