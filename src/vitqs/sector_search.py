@@ -101,6 +101,11 @@ class Trial:
         before_error = before.std(ddof=1) / math.sqrt(n)
         return float(before.mean() - score), float(math.hypot(error, before_error))
 
+    def behind(self) -> float:
+        """Returns how far the trial's score lay above the cut it was dropped at (NaN if it
+        was not dropped)."""
+        return math.nan if self.cut is None else self.score()[0] - self.cut
+
     def unsettled(self) -> bool:
         """Returns whether the trial was dropped while its energy still fell, over its last
         quarter of steps, by more than it lay behind the cut and by more than twice the
@@ -108,8 +113,7 @@ class Trial:
         if self.cut is None:
             return False
         fall, error = self.fall()
-        behind = self.score()[0] - self.cut
-        return fall > behind and fall > 2 * error
+        return fall > self.behind() and fall > 2 * error
 
     def zero_variance(self) -> tuple[float, float]:
         """Returns the energy at zero variance of the trial's last half of the steps and its
@@ -141,7 +145,7 @@ class SearchResult:
         unsettled = self.unsettled()
         if not unsettled:
             return "settled: no candidate was dropped while still falling past the cut"
-        worst = max(unsettled, key=lambda t: t.fall()[0] - (t.score()[0] - t.cut))
+        worst = max(unsettled, key=lambda t: t.fall()[0] - t.behind())
         steps = len(_late(worst.energies))
         many = (
             f"{len(unsettled)} dropped candidates were"
@@ -151,7 +155,7 @@ class SearchResult:
         return (
             f"not settled: {many} still falling past the cut, e.g. "
             f"{worst.candidate.label()} by {worst.fall()[0]:.3g} over its last {steps} steps, "
-            f"{worst.score()[0] - worst.cut:.3g} behind it; a longer search may choose otherwise"
+            f"{worst.behind():.3g} behind it; a longer search may choose otherwise"
         )
 
     def rows(self) -> list[dict]:
