@@ -19,10 +19,11 @@ from vitqs.build import (
     final_network,
     ground_state_outside,
 )
-from vitqs.config import from_dict, recipe_followed
+from vitqs.config import from_dict, recipe_followed, recipe_sections
 from vitqs.models.sectors import Sector, same_sector
 from vitqs.physics.symmetry import ground_state_sector
 from vitqs.recipes import problem_class
+from vitqs.report import recipe_text
 from vitqs.sector_search import SignPrior, prior_config
 
 # the systems of results/accuracy.md's defaults table, and two lattices more
@@ -124,12 +125,38 @@ def test_a_written_section_is_the_users_and_the_others_stay_the_recipes():
     # the written sampler is the schema's with its one key: no key of the recipe's mixed in
     assert config.sampler.n_samples == 2048 and not config.sampler.bare_chains
     assert config.sampler.machine_pow == 2.0
-    assert recipe_followed(config)["sections"] == ["model", "optimizer", "final"]
+    followed = recipe_followed(config)
+    assert followed["sections"] == ["model", "optimizer", "final"]
+    # what the written section left behind: the recipe's values it holds at the defaults
+    recipes_sampler = recipe_sections(config.lattice, config.hamiltonian, config.model)["sampler"]
+    left = followed["not_taken"]["sampler"]
+    assert set(left) == {"n_chains", "n_discard", "machine_pow", "bare_chains"}
+    assert all(
+        left[key] == getattr(recipes_sampler, key) != getattr(config.sampler, key) for key in left
+    )
+    assert list(followed["not_taken"]) == ["sampler"]
+    said = recipe_text(json.dumps(followed))
+    assert "sampler as written, without the recipe's n_chains: 128, n_discard: 4," in said
+    assert "machine_pow: 1.25, bare_chains: true" in said
+    # a key written at the recipe's value is not left behind
+    sampler = {"n_samples": 2048, "n_chains": 128}
+    chains = recipe_followed(from_dict(_minimal(lattice, hamiltonian, sampler=sampler)))
+    assert "n_chains" not in chains["not_taken"]["sampler"]
     # a written model without a projection: the recipe's sampler has no bare network to use
     plain = from_dict(_minimal(lattice, hamiltonian, model={"d_model": 8}))
     assert not plain.sampler.bare_chains and plain.sampler.machine_pow == 2.0
     assert plain.sampler.n_chains == 128 and plain.optimizer.momentum == 0.9
-    assert recipe_followed(plain)["sections"] == ["sampler", "optimizer", "final"]
+    followed = recipe_followed(plain)
+    assert followed["sections"] == ["sampler", "optimizer", "final"]
+    assert followed["not_taken"]["model"]["symmetrize"] == "translations"
+    assert "d_model" not in followed["not_taken"]["model"]
+    # a file written before `not_taken` reads as it did
+    assert recipe_text(json.dumps({"name": "bosons", "sections": ["final"]})) == (
+        "recipe of bosons: final"
+    )
+    # a record that is not what a run writes is said not to read, not raised
+    for kept in ('{"name": "x", "sections": [], "not_taken": [1]}', "[" * 100_000):
+        assert recipe_text(kept) == "recipe: its record does not read"
 
 
 # small systems whose recipe claims a sector: k = 0 (the Marshall k = π on rings of
@@ -167,7 +194,7 @@ def test_a_config_of_lattice_hamiltonian_and_budget_runs_the_recipe(tmp_path, ca
     code, out, err = run_main(capsys, "run", path, "--json", "--quiet")
     assert code == 0, err
     said = "ring6: spins without a sign rule; as its recipe: model, sampler, optimizer, final"
-    assert said in err
+    assert said in err and "as written" not in err  # every section the recipe's
     summary = last_json(out)
     assert abs(summary["relative_error"]) < 1e-8  # measured: 0.0 (596 steps)
     with h5py.File(tmp_path / "ring6.h5") as f:

@@ -1069,12 +1069,42 @@ def recipe_sections(lattice, hamiltonian, model: ModelConfig | None = None) -> d
 
 
 def recipe_followed(config: Config) -> dict:
-    """Returns the recipe a config follows: ``{class, name, sections}``, its sections (of
-    `recipes.SECTIONS`) equal to its class's recipe, whether written or left out."""
+    """Returns the recipe a config follows: ``{class, name, sections, not_taken}``, its
+    sections (of `recipes.SECTIONS`) equal to its class's recipe, whether written or left
+    out, and for each other section the recipe's values that it holds at the schema's
+    defaults instead: a written section replaces the recipe's whole, so that a config writing
+    ``sampler.n_samples`` alone also leaves the recipe's chains and ``machine_pow`` behind."""
     kind = recipes.problem_class(config.hamiltonian)
     taken = recipe_sections(config.lattice, config.hamiltonian, config.model)
     sections = [name for name in recipes.SECTIONS if getattr(config, name) == taken[name]]
-    return {"class": kind, "name": recipes.CLASSES[kind], "sections": sections}
+    not_taken = {}
+    for name in recipes.SECTIONS:
+        ours = dataclasses.asdict(getattr(config, name))
+        recipes_own = dataclasses.asdict(taken[name])
+        default = dataclasses.asdict(_SECTIONS[name]())
+        left = {
+            key: value
+            for key, value in recipes_own.items()
+            if ours[key] == default[key] != value  # not written, and the recipe's differs
+        }
+        if left and name not in sections:
+            not_taken[name] = left
+    return {
+        "class": kind,
+        "name": recipes.CLASSES[kind],
+        "sections": sections,
+        "not_taken": not_taken,
+    }
+
+
+def not_taken_lines(followed: dict) -> list[str]:
+    """Returns a line for each section a config wrote that leaves recipe values behind
+    (``not_taken`` of `recipe_followed`; absent from files written before it)."""
+    return [
+        f"{section} as written, without the recipe's "
+        + ", ".join(f"{key}: {yaml_value(value)}" for key, value in left.items())
+        for section, left in followed.get("not_taken", {}).items()
+    ]
 
 
 _SECTIONS = {

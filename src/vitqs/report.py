@@ -22,7 +22,7 @@ import torch
 from vitqs import results
 from vitqs.build import build_hamiltonian, build_network, final_network
 from vitqs.checkpoint import stored_config
-from vitqs.config import from_dict
+from vitqs.config import from_dict, not_taken_lines
 from vitqs.errors import first_line
 from vitqs.extrapolation import ZERO_VARIANCE_TITLE, write_zero_variance
 from vitqs.physics import exact
@@ -116,13 +116,15 @@ def _notes(records, unwritten=()) -> str:
 
 def recipe_text(kept: str) -> str:
     """Returns the sections a run took from its class's recipe (its root attribute
-    ``recipe``) as one line, "" where it took none; said unreadable rather than raised where
+    ``recipe``) and the recipe values its written sections left behind as one line, "" where
+    it took none and left none; said unreadable rather than raised where
     it is not the JSON a run writes."""
     try:
         data = json.loads(kept)
         sections = ", ".join(str(name) for name in data["sections"])
-        return f"recipe of {data['name']}: {sections}" if sections else ""
-    except (ValueError, KeyError, TypeError):
+        parts = [f"recipe of {data['name']}: {sections}"] if sections else []
+        return "; ".join(parts + not_taken_lines(data))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return "recipe: its record does not read"
 
 

@@ -29,6 +29,7 @@ from vitqs.config import (
     ConfigError,
     final_open_ended,
     final_samples,
+    not_taken_lines,
     recipe_followed,
 )
 from vitqs.errors import first_line
@@ -176,10 +177,16 @@ def run_config(
 
 def _say_recipe(name: str, followed: dict) -> None:
     """Prints the problem's class and the sections of the config that are its recipe's
-    (`config.recipe_followed`), once the config has been built: a refused one prints one line."""
-    if followed["sections"] and distributed.is_root():
+    (`config.recipe_followed`), and a line for each written section that leaves recipe values
+    behind, once the config has been built: a refused one prints one line."""
+    if not distributed.is_root():
+        return
+    if followed["sections"]:
         taken = ", ".join(followed["sections"])
         print(f"{name}: {followed['name']}; as its recipe: {taken}", file=sys.stderr)
+    for line in not_taken_lines(followed):
+        advice = "a written section replaces the recipe's: write those keys to keep them"
+        print(f"{name}: {line} ({advice})", file=sys.stderr)
 
 
 # The share of a budget the sector search (`model.sector: search`) takes; without a budget
