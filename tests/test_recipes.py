@@ -150,6 +150,10 @@ def test_a_written_section_is_the_users_and_the_others_stay_the_recipes():
     assert followed["sections"] == ["sampler", "optimizer", "final"]
     assert followed["not_taken"]["model"]["symmetrize"] == "translations"
     assert "d_model" not in followed["not_taken"]["model"]
+    # a config writing every section follows no recipe and is told of none
+    written = {"model": {"d_model": 8}, "sampler": {}, "optimizer": {}, "final": {}}
+    mine = recipe_followed(from_dict(_minimal(lattice, hamiltonian, **written)))
+    assert mine["sections"] == [] and mine["not_taken"] == {}
     # a file written before `not_taken` reads as it did
     assert recipe_text(json.dumps({"name": "bosons", "sections": ["final"]})) == (
         "recipe of bosons: final"

@@ -1071,14 +1071,16 @@ def recipe_sections(lattice, hamiltonian, model: ModelConfig | None = None) -> d
 def recipe_followed(config: Config) -> dict:
     """Returns the recipe a config follows: ``{class, name, sections, not_taken}``, its
     sections (of `recipes.SECTIONS`) equal to its class's recipe, whether written or left
-    out, and for each other section the recipe's values that it holds at the schema's
-    defaults instead: a written section replaces the recipe's whole, so that a config writing
-    ``sampler.n_samples`` alone also leaves the recipe's chains and ``machine_pow`` behind."""
+    out, and, where it takes any section from the recipe, for each other section the
+    recipe's values that it holds at the schema's defaults instead: a written section replaces
+    the recipe's whole, so that a config writing ``sampler.n_samples`` alone also leaves the
+    recipe's chains and ``machine_pow`` behind. A config that writes every section follows
+    no recipe, and is not told what it left."""
     kind = recipes.problem_class(config.hamiltonian)
     taken = recipe_sections(config.lattice, config.hamiltonian, config.model)
     sections = [name for name in recipes.SECTIONS if getattr(config, name) == taken[name]]
     not_taken = {}
-    for name in recipes.SECTIONS:
+    for name in recipes.SECTIONS if sections else ():
         ours = dataclasses.asdict(getattr(config, name))
         recipes_own = dataclasses.asdict(taken[name])
         default = dataclasses.asdict(_SECTIONS[name]())
