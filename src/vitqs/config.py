@@ -1089,7 +1089,7 @@ def recipe_followed(config: Config) -> dict:
             for key, value in recipes_own.items()
             if ours[key] == default[key] != value  # not written, and the recipe's differs
         }
-        if left and name not in sections:
+        if left:  # a section equal to the recipe's leaves nothing
             not_taken[name] = left
     return {
         "class": kind,

@@ -22,8 +22,8 @@ A section the config writes is taken as written, its unset keys from the schema'
 a recipe is a whole section, never mixed key by key with the user's (a written ``sampler``
 with only ``n_samples`` is the schema's sampler with those samples). The run prints the class
 and the sections the recipe gave, and for each written section the recipe's values it left
-behind; the results file keeps both (``recipe``). The schema
-(`vitqs.config`) builds the sections; this module holds data and rules only.
+behind; the results file keeps both (``recipe``). The schema (`vitqs.config`) builds the
+sections; this module holds data and rules only.
 
 The symmetry sector: spins without a sign rule on one-cell patches (kagome, honeycomb, odd
 extents), whose network can carry any momentum, search for it as the run starts
