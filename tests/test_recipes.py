@@ -150,10 +150,12 @@ def test_a_written_section_is_the_users_and_the_others_stay_the_recipes():
     assert followed["sections"] == ["sampler", "optimizer", "final"]
     assert followed["not_taken"]["model"]["symmetrize"] == "translations"
     assert "d_model" not in followed["not_taken"]["model"]
-    # a config writing every section follows no recipe and is told of none
-    written = {"model": {"d_model": 8}, "sampler": {}, "optimizer": {}, "final": {}}
+    # a config writing every section leans on no recipe and is told of none, even where
+    # one written section is the recipe's (as configs/quickstart.yaml's sampler is)
+    sampler = {"n_chains": 128, "n_discard": 4}  # the recipe's beside a model without projection
+    written = {"model": {"d_model": 8}, "sampler": sampler, "optimizer": {}, "final": {}}
     mine = recipe_followed(from_dict(_minimal(lattice, hamiltonian, **written)))
-    assert mine["sections"] == [] and mine["not_taken"] == {}
+    assert mine["sections"] == ["sampler"] and mine["not_taken"] == {}
     # a file written before `not_taken` reads as it did
     assert recipe_text(json.dumps({"name": "bosons", "sections": ["final"]})) == (
         "recipe of bosons: final"

@@ -1047,6 +1047,9 @@ class Config(Section):
                 raise ConfigError(f"the '{section}' section is required")
         super().__post_init__()
         _check_lattice(self.lattice, self.hamiltonian)  # before a recipe reads the lattice
+        # the sections the config left out, which the recipe fills (not a field: a config
+        # rebuilt from its resolved data has left out none)
+        self.left_to_recipe = tuple(n for n in recipes.SECTIONS if getattr(self, n) is None)
         for name, section in recipe_sections(self.lattice, self.hamiltonian, self.model).items():
             if getattr(self, name) is None:
                 setattr(self, name, section)
@@ -1071,16 +1074,16 @@ def recipe_sections(lattice, hamiltonian, model: ModelConfig | None = None) -> d
 def recipe_followed(config: Config) -> dict:
     """Returns the recipe a config follows: ``{class, name, sections, not_taken}``, its
     sections (of `recipes.SECTIONS`) equal to its class's recipe, whether written or left
-    out, and, where it takes any section from the recipe, for each other section the
-    recipe's values that it holds at the schema's defaults instead: a written section replaces
-    the recipe's whole, so that a config writing ``sampler.n_samples`` alone also leaves the
-    recipe's chains and ``machine_pow`` behind. A config that writes every section follows
-    no recipe, and is not told what it left."""
+    out, and, where it left any section out, for each other section the recipe's values
+    that it holds at the schema's defaults instead: a written section replaces the recipe's
+    whole, so that a config writing ``sampler.n_samples`` alone also leaves the recipe's
+    chains and ``machine_pow`` behind. A config that writes every section does not lean on
+    the recipe, and is not told what it left."""
     kind = recipes.problem_class(config.hamiltonian)
     taken = recipe_sections(config.lattice, config.hamiltonian, config.model)
     sections = [name for name in recipes.SECTIONS if getattr(config, name) == taken[name]]
     not_taken = {}
-    for name in recipes.SECTIONS if sections else ():
+    for name in recipes.SECTIONS if config.left_to_recipe else ():
         ours = dataclasses.asdict(getattr(config, name))
         recipes_own = dataclasses.asdict(taken[name])
         default = dataclasses.asdict(_SECTIONS[name]())
