@@ -1050,9 +1050,9 @@ class Config(Section):
         # the sections the config left out, which the recipe fills (not a field: a config
         # rebuilt from its resolved data has left out none)
         self.left_to_recipe = tuple(n for n in recipes.SECTIONS if getattr(self, n) is None)
-        for name, section in recipe_sections(self.lattice, self.hamiltonian, self.model).items():
-            if getattr(self, name) is None:
-                setattr(self, name, section)
+        recipe = recipe_sections(self.lattice, self.hamiltonian, self.model)
+        for name in self.left_to_recipe:
+            setattr(self, name, recipe[name])
         _check_consistency(self)
 
     @property

@@ -184,8 +184,8 @@ def _say_recipe(name: str, followed: dict) -> None:
     if followed["sections"]:
         taken = ", ".join(followed["sections"])
         print(f"{name}: {followed['name']}; as its recipe: {taken}", file=sys.stderr)
+    advice = "a written section replaces the recipe's: write those keys to keep them"
     for line in not_taken_lines(followed):
-        advice = "a written section replaces the recipe's: write those keys to keep them"
         print(f"{name}: {line} ({advice})", file=sys.stderr)
 
 
