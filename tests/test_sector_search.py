@@ -14,6 +14,7 @@ from vitqs import results
 from vitqs.build import build_hamiltonian
 from vitqs.checkpoint import stored_config
 from vitqs.config import from_dict
+from vitqs.models.build import sign_prior_sites
 from vitqs.models.sectors import Sector, candidates, characters, same_sector, stars
 from vitqs.models.symmetrize import little_space_group
 from vitqs.physics import exact
@@ -26,6 +27,7 @@ from vitqs.sector_search import (
     Trial,
     _margin,
     exact_levels,
+    momentum_prior,
     search,
     trial_config,
 )
@@ -173,6 +175,61 @@ def test_a_trial_computes_local_energies_in_float32_unless_the_config_says(tmp_p
     assert summed.sampler.local_energy_dtype is None
 
 
+@pytest.mark.parametrize(
+    ("lattice", "total_sz", "momentum", "prior"),
+    [
+        ({"kind": "kagome", "shape": [2, 3]}, 0, [1, 0], "stripes_x"),  # 9 up spins
+        ({"kind": "kagome", "shape": [2, 3]}, 0, [0, 0], "none"),
+        ({"kind": "kagome", "shape": [2, 3]}, 0, [0, 1], "none"),  # 2π/3: no stripes carry it
+        ({"kind": "kagome", "shape": [2, 3]}, 0, [1, 1], "none"),  # (π, 2π/3): only in part
+        ({"kind": "kagome", "shape": [2, 2]}, 1, [1, 1], "stripes_xy"),  # 7 up spins
+        ({"kind": "kagome", "shape": [2, 2]}, 1, [0, 1], "stripes_y"),
+        ({"shape": [6]}, 0, [3], "stripes_x"),  # 3 up spins
+        ({"shape": [8]}, 0, [4], "none"),  # 4 up spins: the stripes' sign is even under shifts
+        ({"shape": [6]}, 1, [3], "none"),  # 4 up spins
+    ],
+)
+def test_a_trial_carries_the_stripes_whose_shifts_give_its_momentum(
+    tmp_path, lattice, total_sz, momentum, prior
+):
+    data = _ring_config(tmp_path, None, lattice={**lattice, "pbc": True})
+    data["hamiltonian"]["total_sz"] = total_sz
+    config = from_dict(data)
+    sector = Sector(tuple(momentum), (1,), 0)
+    assert momentum_prior(config, sector) == prior
+    assert trial_config(config, sector).model.sign_prior == prior
+    if prior == "none":
+        return
+    # the prior's sign times a constant is a state of that momentum: ψ(T_t x) = e^{ik·a_t} ψ(x)
+    # for every translation (an odd number of up spins moves between marked and unmarked)
+    trial = trial_config(config, sector)
+    hamiltonian = build_hamiltonian(trial)
+    lat = hamiltonian.lattice
+    marked = sign_prior_sites(trial.model, lat, hamiltonian.hilbert)
+    phases = np.exp(1j * lat.translation_phases(momentum))
+    rng = np.random.default_rng(0)
+    n_up = round(lat.n_sites / 2 + total_sz)
+    for _ in range(5):
+        up = np.zeros(lat.n_sites, dtype=bool)
+        up[rng.choice(lat.n_sites, n_up, replace=False)] = True
+        sign = (-1) ** int(np.sum(up & marked))
+        shifted = [(-1) ** int(np.sum(up[perm] & marked)) for perm in lat.translations]
+        np.testing.assert_allclose(shifted, phases * sign, atol=1e-12)
+
+
+def test_a_written_sign_prior_is_the_trials_own(tmp_path):
+    data = _ring_config(tmp_path, 6)
+    data["model"]["sign_prior"] = "stripes_x"
+    config = from_dict(data)
+    for sector in candidates(Lattice((6,)), spin_flip=True):
+        if sector.spin_flip == -1:  # the singlet's (the other is refused)
+            assert trial_config(config, sector).model.sign_prior == "stripes_x"
+    # a positive ψ has no sign to carry
+    data["model"].update(sign_prior="none", positive=True)
+    data["hamiltonian"].update(J1=-1.0)  # a ferromagnet: positive in the S^z basis
+    assert momentum_prior(from_dict(data), Sector((3,), (1, 1), 0)) == "none"
+
+
 @pytest.mark.usefixtures("single_thread")
 def test_a_timed_search_keeps_to_its_seconds(tmp_path):
     config = from_dict(_ring_config(tmp_path, 6))
@@ -227,7 +284,11 @@ def test_a_run_searches_its_sector_within_its_budget_and_resumes_there(tmp_path,
     record = results.read_results(summary["results_file"])
     stored = stored_config(record)["model"]
     assert stored["sector"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
+    assert stored["sign_prior"] == "stripes_x"  # as the winner's trial: k = π with 3 up spins
     kept = json.loads(record.sector_search)
+    assert {row["candidate"]: row["sign_prior"] for row in kept["trials"]}[
+        "k=[3] chi=++ flip -1"
+    ] == "stripes_x"
     assert kept["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
     assert len(kept["trials"]) == 12
     assert kept["settled"] == all(not row["unsettled"] for row in kept["trials"])
@@ -243,6 +304,7 @@ def test_a_run_searches_its_sector_within_its_budget_and_resumes_there(tmp_path,
     after = results.read_results(summary["results_file"])
     assert len(after.history) > len(record.history)
     assert after.sector_search == record.sector_search
+    assert stored_config(after)["model"]["sign_prior"] == "stripes_x"
 
 
 def test_a_searched_sector_cannot_also_be_given(tmp_path, capsys):

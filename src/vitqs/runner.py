@@ -196,17 +196,20 @@ SEARCH_SHARE = 0.1
 
 def _search_sector(config: Config, initial_parameters, overwrite: bool):
     """Returns the config in the sector the search chose (``model.sector``: its momentum,
-    characters and spin inversion; trained averaged over the translations unless
-    ``model.symmetrize`` says otherwise, measured over the space group unless
-    ``final.symmetrize`` does), the winner's parameters to start from, and the search as the
-    results file keeps it (JSON)."""
+    characters and spin inversion, with the sign prior its trial carried; trained averaged
+    over the translations unless ``model.symmetrize`` says otherwise, measured over the space
+    group unless ``final.symmetrize`` does), the winner's parameters to start from, and the
+    search as the results file keeps it (JSON)."""
     seconds, say = _before_a_race(config, initial_parameters, overwrite, "model.sector")
     found = sector_search.search(config, seconds=seconds, say=say)
     chosen = found.chosen
     # the steps average over the translations (a space-group average costs the point group's
     # order more a step); the final state over the space group, on the characters found
     trained = config.model.symmetrize if config.model.symmetrize != "none" else "translations"
-    model = dataclasses.replace(config.model, sector=chosen.keys(), symmetrize=trained)
+    prior = sector_search.momentum_prior(config, chosen)  # as the winner's trial carried it
+    model = dataclasses.replace(
+        config.model, sector=chosen.keys(), symmetrize=trained, sign_prior=prior
+    )
     measured = config.final.symmetrize if config.final.symmetrize != "none" else "space_group"
     if chosen.keys().get("point_characters") is not None:  # a sector of the space group
         measured = "space_group"
@@ -291,7 +294,10 @@ def _sector_searched_before(config: Config) -> Config:
     if not record.sector_search or not isinstance(stored, dict) or stored.get("sector") == "search":
         raise ConfigError(f"--resume: '{path}' holds no sector search to continue")
     model = dataclasses.replace(
-        config.model, sector=stored.get("sector"), symmetrize=stored.get("symmetrize")
+        config.model,
+        sector=stored.get("sector"),
+        symmetrize=stored.get("symmetrize"),
+        sign_prior=stored.get("sign_prior", config.model.sign_prior),
     )
     final = config.final
     if final.symmetrize == "none":  # as the search set it (final.* may change on a resume)

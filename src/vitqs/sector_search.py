@@ -79,6 +79,7 @@ class Trial:
     rounds: int = 0
     stalled: str = ""  # why it takes no more steps (its energies still count)
     cut: float | None = None  # the last survivor's score when this trial was dropped
+    sign_prior: str = "none"  # the trial's model.sign_prior (`momentum_prior` for a sector)
 
     def score(self) -> tuple[float, float]:
         """Returns the mean energy of the last quarter of the steps (at least three) and its
@@ -169,6 +170,7 @@ class SearchResult:
                 {
                     "candidate": trial.candidate.label(),
                     **trial.candidate.keys(),
+                    "sign_prior": trial.sign_prior,
                     "energy": None if math.isinf(energy) else energy,
                     "energy_error": None if math.isinf(error) else error,
                     "variance": float(np.mean(late)) if late else None,
@@ -193,15 +195,51 @@ class SearchResult:
 
 def trial_config(config: Config, sector: Sector) -> Config:
     """Returns ``config`` projected on ``sector`` for a short run: the space-group average
-    on its momentum and characters (and spin inversion), no budget, no reference, and steps
-    as many as asked (schedules then stay near their start), local energies in float32
-    unless the config sets their precision (as the kagome 2×3's measured search did). The
-    config's own samples a step: with a quarter of them (256 of 1,024) the kagome 2×3's
-    search took 174 s instead of 602 s and chose k = [0, 0], 7.2 σ ahead, where ED's [1, 0]
-    had won at 1.2 σ."""
+    on its momentum and characters (and spin inversion), with the sign prior that carries
+    the sector's momentum (`momentum_prior`), no budget, no reference, and steps as many as
+    asked (schedules then stay near their start), local energies in float32 unless the config
+    sets their precision (as the kagome 2×3's measured search did). The config's own samples
+    a step: with a quarter of them (256 of 1,024) the kagome 2×3's search took 174 s instead
+    of 602 s and chose k = [0, 0], 7.2 σ ahead, where ED's [1, 0] had won at 1.2 σ."""
     data = config.to_dict()
-    data["model"].update(sector=sector.keys(), symmetrize="space_group")
+    data["model"].update(
+        sector=sector.keys(), symmetrize="space_group", sign_prior=momentum_prior(config, sector)
+    )
     return _short_run(data)
+
+
+# the sign prior whose marks alternate along the axes where the momentum is π
+_PRIOR_OF_HALF_AXES = {(1,): "stripes_x", (1, 0): "stripes_x", (0, 1): "stripes_y"}
+_PRIOR_OF_HALF_AXES[(1, 1)] = "stripes_xy"
+
+
+def momentum_prior(config: Config, sector: Sector) -> str:
+    """Returns the ``model.sign_prior`` a sector's trial, and the run in that sector, carry:
+    the config's own where it sets one, else the stripes that carry the sector's momentum.
+
+    A network at its start is near a constant, and a constant projected on a momentum k ≠ 0
+    nearly cancels: the trial starts from the noise of the start and learns its sector last.
+    A prior of −1 per up spin on the cells of odd n_x (`stripes_x`) changes sign under a shift
+    by one cell when the up spins are odd in number: times a constant it is a state of
+    momentum π along x, so the trial starts in its sector. On the kagome 2×3 (9 up spins), the
+    ground state's sector k = [1, 0] (π along x) took its trial 300 to more than 400 steps to
+    reach without it, passing the sector's second singlet 0.26 above (seeds 1 and 5), and
+    100 to 175 steps with `stripes_x` (results/history/accuracy_notes.md). Only momenta of 0
+    or π along every axis with an odd number of up spins have such a prior; elsewhere
+    ``none`` (the trial as before). Spins with a complex ψ only (a prior is a sign)."""
+    model = config.model
+    if model.sign_prior != "none" or model.positive:
+        return model.sign_prior
+    if not isinstance(config.hamiltonian, HeisenbergConfig):
+        return "none"
+    lattice = build_hamiltonian(config).lattice
+    n_up = round(lattice.n_sites / 2 + config.hamiltonian.total_sz)
+    momentum = sector.momentum
+    half = tuple(int(2 * n == extent) for n, extent in zip(momentum, lattice.shape, strict=True))
+    carried = all(n == 0 or h for n, h in zip(momentum, half, strict=True))
+    if n_up % 2 == 0 or not any(half) or not carried:
+        return "none"
+    return _PRIOR_OF_HALF_AXES[half]
 
 
 def prior_config(config: Config, prior: SignPrior) -> Config:
@@ -267,8 +305,10 @@ def _race(config, candidates, configure, what, seconds, first_steps, say):
     trials = [Trial(candidate) for candidate in candidates]
     for trial in trials:
         try:
+            short_run = configure(config, trial.candidate)
+            trial.sign_prior = short_run.model.sign_prior
             # short trials: a compile of the chains would not pay back
-            trial.vmc = build_vmc(configure(config, trial.candidate), compile_chains=False)
+            trial.vmc = build_vmc(short_run, compile_chains=False)
         except ConfigError as err:  # the network cannot carry it, or the sector is empty
             trial.refused = str(err)
     alive = [t for t in trials if not t.refused]
