@@ -95,7 +95,7 @@ class Trial:
         of the as many steps before it minus the score, and its standard error; (NaN, NaN)
         with fewer steps than two such windows."""
         n = len(_late(self.energies))
-        if len(self.energies) < 2 * n:
+        if n == 0 or len(self.energies) < 2 * n:  # none at all: a candidate left out
             return math.nan, math.nan
         before = np.array(self.energies[-2 * n : -n])
         score, error = self.score()
