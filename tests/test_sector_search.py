@@ -286,9 +286,10 @@ def test_a_run_searches_its_sector_within_its_budget_and_resumes_there(tmp_path,
     assert stored["sector"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
     assert stored["sign_prior"] == "stripes_x"  # as the winner's trial: k = π with 3 up spins
     kept = json.loads(record.sector_search)
-    assert {row["candidate"]: row["sign_prior"] for row in kept["trials"]}[
-        "k=[3] chi=++ flip -1"
-    ] == "stripes_x"
+    priors = {row["candidate"]: row["sign_prior"] for row in kept["trials"]}
+    assert priors["k=[3] chi=++ flip -1"] == "stripes_x"
+    assert priors["k=[0] chi=++ flip -1"] == "none"
+    assert all(row["sign_prior"] is None for row in kept["trials"] if row["refused"])
     assert kept["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
     assert len(kept["trials"]) == 12
     assert kept["settled"] == all(not row["unsettled"] for row in kept["trials"])

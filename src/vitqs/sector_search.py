@@ -79,7 +79,8 @@ class Trial:
     rounds: int = 0
     stalled: str = ""  # why it takes no more steps (its energies still count)
     cut: float | None = None  # the last survivor's score when this trial was dropped
-    sign_prior: str = "none"  # the trial's model.sign_prior (`momentum_prior` for a sector)
+    # the trial's model.sign_prior (`momentum_prior` for a sector); None where refused
+    sign_prior: str | None = None
 
     def score(self) -> tuple[float, float]:
         """Returns the mean energy of the last quarter of the steps (at least three) and its
