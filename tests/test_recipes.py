@@ -215,11 +215,11 @@ def test_a_config_of_lattice_hamiltonian_and_budget_runs_the_recipe(tmp_path, ca
 def test_on_one_cell_patches_the_recipe_finds_the_sector_itself(tmp_path, capsys):
     # a frustrated 3-rung ladder (no sign rule), patched one rung at a time: the recipe
     # searches the sector, and ED's ground state is outside the trivial one
-    # 30 s, not 20: the search takes ~12 s here whatever the budget, and the training that
-    # goes on from its winner (4e-10) climbs before it settles: 102 steps ended at 2.5e-7
-    # (16 s), 197 at 2.2e-8 (18 s), 424 at 2e-12 (24 s), 641 at 3e-16 (30 s); a CI run at
-    # 20 s ended at 2.8e-7. On half of one core, 30 s went to the search and ended at 4e-10
-    data = _minimal({"kind": "ladder", "shape": [3, 2]}, {"kind": "heisenberg"}, budget=30)
+    # 45 s: the search takes ~24 s here whatever the budget (100 steps a round at least; ~12 s
+    # with 50), and the training that goes on from its winner climbs before it settles: with
+    # 50-step rounds, 102 steps ended at 2.5e-7 (16 s), 197 at 2.2e-8 (18 s), 424 at 2e-12 (24
+    # s), 641 at 3e-16 (30 s); with 100-step rounds and 30 s, 65 steps ended at 9.8e-8
+    data = _minimal({"kind": "ladder", "shape": [3, 2]}, {"kind": "heisenberg"}, budget=45)
     data |= {"name": "ladder3", "threads": 1, "output": {"dir": str(tmp_path)}}
     config = from_dict(data)
     assert config.model.patch_size == 1 and config.model.sector == "search"

@@ -160,12 +160,20 @@ def test_report_says_a_search_whose_record_is_not_settled():
     assert "stripes_x out of 4 candidates (32.9 σ below the runner-up, not settled" in text
 
 
-def test_a_trial_computes_local_energies_in_float32_unless_the_config_says(tmp_path):
+def test_a_trial_takes_half_the_samples_and_float32_local_energies_unless_the_config_says(
+    tmp_path,
+):
     (sector,) = [s for s in candidates(Lattice((6,)), spin_flip=True) if s.spin_flip == -1][:1]
     sampled = {"n_samples": 256, "n_chains": 32, "n_discard": 2}
     config = from_dict(_ring_config(tmp_path, 6, sampler=sampled))
     trial = trial_config(config, sector)
     assert trial.sampler.local_energy_dtype == "float32"
+    # half the samples a step, a multiple of the chains, one a chain at least
+    assert trial.sampler.n_samples == 128 and trial.sampler.n_chains == 32
+    few = from_dict(_ring_config(tmp_path, 6, sampler={**sampled, "n_samples": 32}))
+    assert trial_config(few, sector).sampler.n_samples == 32
+    odd = from_dict(_ring_config(tmp_path, 6, sampler={**sampled, "n_samples": 96}))
+    assert trial_config(odd, sector).sampler.n_samples == 32
     assert trial.model.symmetrize == "space_group" and trial.budget is None
     written = from_dict(
         _ring_config(tmp_path, 6, sampler={**sampled, "local_energy_dtype": "float64"})
@@ -289,7 +297,8 @@ def test_a_run_searches_its_sector_within_its_budget_and_resumes_there(tmp_path,
     priors = {row["candidate"]: row["sign_prior"] for row in kept["trials"]}
     assert priors["k=[3] chi=++ flip -1"] == "stripes_x"
     assert priors["k=[0] chi=++ flip -1"] == "none"
-    assert all(row["sign_prior"] is None for row in kept["trials"] if row["refused"])
+    flip_refused = [row for row in kept["trials"] if "projects out" in row["refused"]]
+    assert len(flip_refused) == 6 and all(row["sign_prior"] is None for row in flip_refused)
     assert kept["chosen"] == {"momentum": [3], "point_characters": [1, 1], "spin_flip": -1}
     assert len(kept["trials"]) == 12
     assert kept["settled"] == all(not row["unsettled"] for row in kept["trials"])

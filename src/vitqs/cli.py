@@ -100,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
         "--first-steps",
         type=int,
         default=None,
-        help="steps of the first round without --seconds (doubling each round)",
+        help="steps of the first round without --seconds (doubling each round), the least a "
+        "candidate makes in a round with it (100 for sectors, 50 for sign priors)",
     )
     sectors.add_argument(
         "--sign-prior",
@@ -345,7 +346,7 @@ def _cmd_lanczos(args) -> int:
 def _cmd_sectors(args) -> int:
     from vitqs.build import build_hamiltonian, run_exact
     from vitqs.models.sectors import same_sector
-    from vitqs.sector_search import FIRST_STEPS, search, search_sign_prior
+    from vitqs.sector_search import FIRST_STEPS, SECTOR_STEPS, search, search_sign_prior
 
     if args.seconds is not None and not 0 < args.seconds <= 1e7:
         raise ConfigError(f"sectors: --seconds={args.seconds:g} must be in (0, 1e7]")
@@ -356,7 +357,7 @@ def _cmd_sectors(args) -> int:
     result = race(
         config,
         seconds=args.seconds,
-        first_steps=args.first_steps or FIRST_STEPS,
+        first_steps=args.first_steps or (FIRST_STEPS if args.sign_prior else SECTOR_STEPS),
         say=lambda line: print(line, file=sys.stderr),
     )
     what = "sign priors" if args.sign_prior else "candidate sectors"

@@ -615,7 +615,8 @@ class ModelConfig(Section):
         "table, the margin and whether the choice is settled (no candidate dropped while its "
         "energy, over its last quarter of steps, still fell by more than it lay behind the cut) "
         "are kept in the results file, and ED, where it exists, only checks the choice. Under a "
-        "`budget` the search takes a tenth of it (50 steps a candidate at least). The recipe of "
+        "`budget` the search takes a tenth of it (100 steps a candidate at least, at half the "
+        "samples a step). The recipe of "
         "spins without a sign rule searches on one-cell patches (kagome, honeycomb, an odd "
         "extent), whose network carries every momentum. null: k = 0, all characters +1, no "
         "spin-inversion projection.",

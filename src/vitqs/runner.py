@@ -190,7 +190,7 @@ def _say_recipe(name: str, followed: dict) -> None:
 
 
 # The share of a budget the sector search (`model.sector: search`) takes; without a budget
-# its rounds are of `sector_search.FIRST_STEPS` steps, doubling.
+# its rounds are of `sector_search.SECTOR_STEPS` steps, doubling.
 SEARCH_SHARE = 0.1
 
 

@@ -51,6 +51,13 @@ from vitqs.vmc.driver import NonFiniteEnergyError
 # reflection, whose lowest level a short run reaches at once, beat the ground state's at k = π
 # by 2.3 σ; at 50 the choice is right with a margin of hundreds of σ.
 FIRST_STEPS = 50
+# The least a sector's trial makes in a round. A trial of momentum π carrying its stripes
+# (`momentum_prior`) starts slower than one at k = 0, and leads only later: on the kagome
+# 2×3 ED's sector's trial was cut after 50 steps on seed 1 (−6.38 over steps 25–50, k = [0, 0]
+# −7.10) and after 75 on seed 2 (fourth, 0.048 behind the third); with rounds of 75 the search
+# chose it on seeds 0, 1 and 5, with rounds of 100 on seeds 1 and 2 (from step ~100–150 on it
+# leads; results/history/accuracy_notes.md).
+SECTOR_STEPS = 100
 
 
 @dataclass(frozen=True)
@@ -199,14 +206,27 @@ def trial_config(config: Config, sector: Sector) -> Config:
     on its momentum and characters (and spin inversion), with the sign prior that carries
     the sector's momentum (`momentum_prior`), no budget, no reference, and steps as many as
     asked (schedules then stay near their start), local energies in float32 unless the config
-    sets their precision (as the kagome 2×3's measured search did). The config's own samples
-    a step: with a quarter of them (256 of 1,024) the kagome 2×3's search took 174 s instead
-    of 602 s and chose k = [0, 0], 7.2 σ ahead, where ED's [1, 0] had won at 1.2 σ."""
+    sets their precision (as the kagome 2×3's measured search did), and half the config's
+    samples a step (`_half_the_samples`)."""
     data = config.to_dict()
     data["model"].update(
         sector=sector.keys(), symmetrize="space_group", sign_prior=momentum_prior(config, sector)
     )
+    _half_the_samples(data["sampler"])
     return _short_run(data)
+
+
+def _half_the_samples(sampler: dict) -> None:
+    """Halves a Metropolis sampler's samples a step (a multiple of its chains, one sample a
+    chain at least). A trial's step at half the samples costs about half (1.4 against 2.7 s
+    on the kagome 2×3, one thread) and made the same progress per step in ED's sector (seed
+    1: −7.871 and −8.000 after 200 and 300 steps, against −7.873 and −7.996 with 1,024);
+    with a quarter (256) the steps were noisier and the kagome 2×3's search chose k = [0, 0],
+    7.2 σ ahead, where ED's [1, 0] had won at 1.2 σ (results/history/accuracy_notes.md)."""
+    if sampler["kind"] != "metropolis":
+        return
+    chains = sampler["n_chains"]
+    sampler["n_samples"] = max(chains, sampler["n_samples"] // 2 // chains * chains)
 
 
 # the sign prior whose marks alternate along the axes where the momentum is π
@@ -269,7 +289,7 @@ def search(
     config: Config,
     *,
     seconds: float | None = None,
-    first_steps: int = FIRST_STEPS,
+    first_steps: int = SECTOR_STEPS,
     say=None,
 ):
     """Returns the `SearchResult` of successive halving over the candidate sectors.
