@@ -242,7 +242,8 @@ def test_a_written_sign_prior_is_the_trials_own(tmp_path):
 def test_a_timed_search_keeps_to_its_seconds(tmp_path):
     config = from_dict(_ring_config(tmp_path, 6))
     start = time.perf_counter()
-    found = search(config, seconds=4.0)
+    # 50 steps a round at least, which 4 s can hold here (the default 100 take ~5 s)
+    found = search(config, seconds=4.0, first_steps=50)
     took = time.perf_counter() - start
     # building the candidates comes first; the rounds share what is left, a step at least
     assert took <= 4.0 * 1.25 and found.seconds == pytest.approx(took, rel=0.05)
