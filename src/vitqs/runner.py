@@ -226,7 +226,7 @@ def _as_its_trial(config: Config, chosen):
     over the space group: averaged over the translations alone, as the steps were before, it
     is another state, 0.16 higher on the kagome 2×3 (seed 2: the trial ended at −8.032, the
     run's first 25 steps averaged −7.873 and came back to −8.00 only after ~100 of its 401),
-    and at half the samples a step over the space group costs what a step over the
+    and at half the samples a step over the space group costs about what a step over the
     translations at the config's samples did (results/history/accuracy_notes.md)."""
     trial = sector_search.trial_config(config, chosen)
     model = dataclasses.replace(
@@ -311,7 +311,8 @@ def _sector_searched_before(config: Config) -> Config:
     """Returns the config in the sector its results file's search chose (a resume of a
     ``model.sector: search`` run continues there)."""
     record, path = _record_to_resume(config)
-    stored = (checkpoint.stored_config(record) or {}).get("model") or {}
+    written = checkpoint.stored_config(record) or {}
+    stored = written.get("model") or {}
     if not record.sector_search or not isinstance(stored, dict) or stored.get("sector") == "search":
         raise ConfigError(f"--resume: '{path}' holds no sector search to continue")
     model = dataclasses.replace(
@@ -320,10 +321,10 @@ def _sector_searched_before(config: Config) -> Config:
         symmetrize=stored.get("symmetrize"),
         sign_prior=stored.get("sign_prior", config.model.sign_prior),
     )
-    sampled = (checkpoint.stored_config(record) or {}).get("sampler") or {}
+    sampled = written.get("sampler") or {}
     samples = sampled.get("n_samples") if isinstance(sampled, dict) else None
     sampler = config.sampler
-    if isinstance(samples, int) and samples > 0:  # the trial's samples its steps went on at
+    if type(samples) is int and samples > 0:  # the trial's samples its steps went on at
         sampler = dataclasses.replace(sampler, n_samples=samples)
     final = config.final
     if final.symmetrize == "none":  # as the search set it (final.* may change on a resume)
