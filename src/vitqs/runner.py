@@ -228,15 +228,8 @@ def _as_its_trial(config: Config, chosen):
     run's first 25 steps averaged −7.873 and came back to −8.00 only after ~100 of its 401),
     and at half the samples a step over the space group costs about what a step over the
     translations at the config's samples did (results/history/accuracy_notes.md)."""
-    trial = sector_search.trial_config(config, chosen)
-    model = dataclasses.replace(
-        config.model,
-        sector=chosen.keys(),
-        symmetrize=trial.model.symmetrize,
-        sign_prior=trial.model.sign_prior,
-    )
-    sampler = dataclasses.replace(config.sampler, n_samples=trial.sampler.n_samples)
-    return model, sampler
+    trial = sector_search.trial_config(config, chosen)  # its model: the config's in the sector
+    return trial.model, dataclasses.replace(config.sampler, n_samples=trial.sampler.n_samples)
 
 
 def _race_outcome(name: str, found, what: str, chosen: str):
