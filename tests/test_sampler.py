@@ -171,13 +171,16 @@ def test_float32_chain_network_follows_the_model_parameters():
         )
 
 
-def test_distinct_proposals_get_the_log_psi_of_every_proposal():
-    # hop proposals on a 5-site chain holding 5 bosons, half of them the same filling
+@pytest.mark.parametrize("n_chains", [16, 48])  # below and above sampler.COMPACT_FROM
+def test_distinct_proposals_get_the_log_psi_of_every_proposal(n_chains):
+    # hop proposals on a 5-site chain holding 5 bosons, half of them the same filling; below
+    # 32 chains every proposal is evaluated, from 32 on the valid ones: the same log ψ
     model = ComplexRBM(5, seed=2, scale=0.3)
-    x = torch.tensor([[1, 1, 1, 1, 1], [2, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 5, 0, 0]] * 4)
-    x_new = x.to(torch.float64)[torch.randperm(16, generator=torch.Generator().manual_seed(1))]
-    valid = torch.arange(16) % 3 != 0
-    log_psi = torch.full((16,), 0.5 + 0.25j, dtype=torch.complex128)
+    x = torch.tensor([[1, 1, 1, 1, 1], [2, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 5, 0, 0]] * 12)
+    order = torch.randperm(n_chains, generator=torch.Generator().manual_seed(1))
+    x_new = x.to(torch.float64)[order]
+    valid = torch.arange(n_chains) % 3 != 0
+    log_psi = torch.full((n_chains,), 0.5 + 0.25j, dtype=torch.complex128)
     plain = MetropolisSampler._log_psi_of_valid(model, x_new, valid, log_psi, distinct=False)
     distinct = MetropolisSampler._log_psi_of_valid(model, x_new, valid, log_psi, distinct=True)
     torch.testing.assert_close(distinct, plain, rtol=1e-13, atol=1e-13)

@@ -93,6 +93,25 @@ def test_sr_and_minsr_give_the_same_update(n_samples, n_params, weighted):
         assert float((sr - minsr).norm() / sr.norm()) < 1e-10
 
 
+@pytest.mark.parametrize(
+    ("n_samples", "n_params"),
+    [(250, 700), (260, 700), (400, 500), (400, 520)],
+    ids=["minsr_500_rows", "minsr_520_rows", "sr_500", "sr_520"],
+)
+def test_the_update_is_the_dense_one_on_both_sides_of_the_mixed_solves_threshold(
+    n_samples, n_params
+):
+    # below sr.MIXED_SOLVE_FROM (512) rows of the Gram matrix the float64 Gram matrix is
+    # solved, from it on a float32 one refined: the same update either way
+    jac, e_loc, _ = _random_problem(n_samples, n_params, seed=n_params, weighted=False)
+    X, e = _scaled_centred(jac, e_loc, None)
+    diag_shift = 1e-2
+    S = X.T @ X + diag_shift * torch.eye(n_params, dtype=torch.float64)
+    expected = torch.linalg.solve(S, X.T @ e)
+    got = natural_gradient(jac, e_loc, diag_shift=diag_shift)
+    assert float((got - expected).norm() / expected.norm()) < 1e-10
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize(("n_samples", "n_params"), [(10, 60), (60, 10)])
 def test_spring_solves_the_least_squares_problem_pulled_towards_the_last_direction(

@@ -49,6 +49,15 @@ from vitqs.vmc.rules import BondRule, proposal_rule
 from vitqs.vmc.samples import ModelItself, Sampler, Samples, model_device_dtype
 from vitqs.vmc.sector_walk import SectorMoves, walk
 
+# Chains from which a Metropolis step passes only the valid proposals through the network
+# (CPU). Below it the pass costs about the same for fewer rows, and picking them out (the
+# valid rows' indices, a gather, a scatter back) mostly costs more than the rows it saves. A
+# step's evaluation compacted, over all rows (one thread): 1.14x at 16 chains for issue 51's
+# small config (a 1-layer ViT, d_model 8, chain of 16), 1.10x for the 6x6 recipe's network,
+# 0.91x for the J1-J2 4x4 recipe's; 0.78-1.03x at 32-64 chains, 0.76-0.81x at 128-256
+# (results/history/performance_notes.md, 2026-12-08).
+COMPACT_FROM = 32
+
 
 class MetropolisSampler(ChainState, Sampler):
     """Metropolis-Hastings chains of ``|ψ|²`` that persist across parameter updates.
@@ -366,16 +375,18 @@ class MetropolisSampler(ChainState, Sampler):
     def _log_psi_of_valid(model, x_new, valid, log_psi, distinct=False):
         """Returns log ψ of the proposals ``(C,)``; rows of invalid moves keep ``log_psi``.
 
-        On CPU only the valid proposals go through the network (an exchange of two equal
-        spins or a hop from an empty site is rejected anyway; about half the proposals near
-        a Néel-like state), so the forward pass shrinks with them; with ``distinct``, only
-        the distinct ones (in a Mott insulator most chains sit on the uniform filling and
-        propose the same few hops). On other devices every proposal is evaluated:
-        compacting would need the count of valid moves on the host, a device sync per
-        Metropolis step.
+        On CPU, from `COMPACT_FROM` chains on, only the valid proposals go through the
+        network (an exchange of two equal spins or a hop from an empty site is rejected
+        anyway; about half the proposals near a Néel-like state), so the forward pass shrinks
+        with them; with ``distinct``, only the distinct ones (in a Mott insulator most chains
+        sit on the uniform filling and propose the same few hops). On other devices every
+        proposal is evaluated: compacting would need the count of valid moves on the host, a
+        device sync per Metropolis step.
         """
         if x_new.device.type != "cpu":
             return evaluate_log_psi(model, x_new)
+        if len(x_new) < COMPACT_FROM and not distinct:
+            return torch.where(valid, evaluate_log_psi(model, x_new).to(log_psi.dtype), log_psi)
         rows = valid.nonzero()[:, 0]  # (V,)
         if distinct:
             log_psi_new = _log_psi_of_distinct(model, x_new[rows])  # (V,)

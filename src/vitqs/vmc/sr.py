@@ -223,8 +223,9 @@ def natural_gradient(
       Phys. 2024): ``g = Xᵀ (XXᵀ + λI_{2N_s})⁻¹ e``, a ``2N_s × 2N_s`` solve;
     - ``auto``: the smaller of the two.
 
-    Solved to float64 accuracy (`solve_gram`): a Cholesky factor of the float32 Gram matrix,
-    refined with float64 residuals; where that does not converge, the float64 Gram matrix by
+    Solved to float64 accuracy: from `MIXED_SOLVE_FROM` rows of the Gram matrix on, a
+    Cholesky factor of the float32 Gram matrix refined with float64 residuals (`solve_gram`);
+    below it, and where the refinement does not converge, the float64 Gram matrix by
     Cholesky, falling back to an eigendecomposition pseudo-inverse when the shifted matrix is
     not numerically positive definite (e.g. ``λ = 0``). Multi-rank solves use the float64
     Gram matrix.
@@ -248,12 +249,12 @@ def natural_gradient(
         F = reduce_sum(X.T @ e)
         F = F if anchor is None else F + diag_shift * anchor
         if world_size() == 1:
-            return solve_gram(X, F, diag_shift, rows=False)
+            return _solve(X, F, diag_shift, rows=False)
         return solve_shifted(reduce_sum(_gram_upper(X, rows=False)), F, diag_shift)
     if anchor is not None:
         e = e - X @ anchor  # each rank its own rows
     if world_size() == 1:
-        g = X.T @ solve_gram(X, e, diag_shift, rows=True)
+        g = X.T @ _solve(X, e, diag_shift, rows=True)
     else:
         g = _distributed_minsr(X, e, diag_shift)
     return g if anchor is None else g + anchor
@@ -266,6 +267,24 @@ def natural_gradient(
 _REFINED = 1e-12  # |δ| / |y| at which the refinement stops
 _STALLED = 1e-9  # a refinement that stops shrinking above this falls back to float64
 _REFINE_STEPS = 30
+
+
+# The Gram matrix's side (2 N_s rows for minSR, P for SR) from which the float32 product and
+# its refinement beat the float64 product: their own calls (the float32 copy of X, a
+# factor-solve and two products a refinement step, a sync to test it) cost more than half a
+# small product saves. Measured on one and two threads (float32 over float64 solve time, X
+# of 460-6,000 columns): 1.5-2.1x at 64-128 rows, 1.1-1.4x at 256, 0.95-1.14x at 384,
+# 0.76-0.94x at 512, 0.69-0.82x at 768-2,048 (results/history/performance_notes.md,
+# 2026-12-08).
+MIXED_SOLVE_FROM = 512
+
+
+def _solve(X: torch.Tensor, b: torch.Tensor, diag_shift: float, *, rows: bool) -> torch.Tensor:
+    """Returns ``(A + λI)⁻¹ b`` for ``A = X Xᵀ`` (``rows=True``) or ``Xᵀ X``: `solve_gram` from
+    `MIXED_SOLVE_FROM` rows of ``A`` on, the float64 Gram matrix below."""
+    if (X.shape[0] if rows else X.shape[1]) >= MIXED_SOLVE_FROM:
+        return solve_gram(X, b, diag_shift, rows=rows)
+    return solve_shifted(_gram_upper(X, rows=rows), b, diag_shift)
 
 
 def solve_gram(X: torch.Tensor, b: torch.Tensor, diag_shift: float, *, rows: bool) -> torch.Tensor:
