@@ -43,8 +43,8 @@ def log_cosh_parts(a: torch.Tensor, b: torch.Tensor | None = None):
     in ``(−π, π]`` (a phase: only its value modulo 2π enters ψ). No complex operator: a
     forward pass of real ops only, which ``torch.compile`` fuses and which runs several times
     faster than complex ``exp``/``log1p`` on CPU; 15 ops, where the phase as ``b +
-    atan2(−u sin 2b, 1 + u cos 2b)`` after moving to ``a ≥ 0`` took 23 (a third of a small
-    batch's time: the head of the chains' forward pass, 2026-12-08).
+    atan2(−u sin 2b, 1 + u cos 2b)`` after moving to ``a ≥ 0`` took 23, about a fifth of the
+    chains' forward pass on 16 rows (results/history/performance_notes.md, 2026-12-08).
     """
     magnitude = a.abs()
     u = torch.exp(-2 * magnitude)
