@@ -373,7 +373,9 @@ class MetropolisSampler(ChainState, Sampler):
 
     @staticmethod
     def _log_psi_of_valid(model, x_new, valid, log_psi, distinct=False):
-        """Returns log ψ of the proposals ``(C,)``; rows of invalid moves keep ``log_psi``.
+        """Returns log ψ of the proposals ``(C,)``; on CPU rows of invalid moves keep
+        ``log_psi`` (elsewhere they hold the network's value of the unchanged row: the
+        step rejects them either way).
 
         On CPU, from `COMPACT_FROM` chains on, only the valid proposals go through the
         network (an exchange of two equal spins or a hop from an empty site is rejected
