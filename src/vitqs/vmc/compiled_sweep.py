@@ -64,7 +64,7 @@ def _compiled_steps():
     dtype, chain count and steps. Made at first use (importing inductor takes ~2 s).
 
     Inductor's C++ wrapper calls a graph's kernels and matrix products from C++ instead of
-    Python: sampling took 0.71-0.92x the time of the Python wrapper's, in one process,
+    Python: sampling took 0.71-0.93x the time of the Python wrapper's, in one process,
     alternated (issue 51's small config 5.8 against 8.1 ms, one thread; the Heisenberg 6x6,
     J1-J2 chain 20 and Bose-Hubbard chain 12 recipes 236 against 276, 174 against 188 and 90
     against 104 ms, two threads), after a cold compile of 15-30 s (results/history/
