@@ -151,10 +151,11 @@ def test_bench_forward_script_prints_a_row_per_dtype(tmp_path):
 
 
 def test_compiled_chains_report_what_compiling_cost(tmp_path, capsys, monkeypatch):
-    """Compiled chains: `vitqs bench speed --compile yes` prints the first compiled graphs'
-    seconds (in its JSON too); a run whose chains `build.compiled_chains` compiles (told to
-    here: it chooses them for budgets of 600 s or more) says it once above the progress bar
-    and keeps the choice in its results file; a short run does not compile."""
+    """Compiled chains (and a complex ψ's log-derivatives with them): `vitqs bench speed
+    --compile yes` prints the first compiled graphs' seconds (in its JSON too); a run whose
+    chains `build.compiled_chains` compiles (told to here: it chooses them for budgets of
+    600 s or more) says it once above the progress bar and keeps the choice in its results
+    file; a short run does not compile."""
     from vitqs import build, results
 
     data = tiny_heisenberg(tmp_path / "out")
@@ -168,7 +169,8 @@ def test_compiled_chains_report_what_compiling_cost(tmp_path, capsys, monkeypatc
     )
     assert code == 0, err
     assert last_json(out)["compiled_chains"] and last_json(out)["compile_seconds"] > 0.0
-    assert "compile " in out and "the chains' first compiled graphs" in out
+    assert last_json(out)["compiled_log_derivatives"]  # a bare ViT of complex log ψ
+    assert "compile " in out and "the chains' and log-derivatives' first compiled graphs" in out
     code, _, err = run_main(capsys, "run", path, "--set", "optimizer.n_iter=2")
     assert code == 0, err
     assert "compiled graphs" not in err
@@ -176,7 +178,7 @@ def test_compiled_chains_report_what_compiling_cost(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(build, "compiled_chains", lambda config, device: True)
     code, _, err = run_main(capsys, "run", path, "--set", "optimizer.n_iter=2", "--overwrite")
     assert code == 0, err
-    assert err.count("compiled chains: their first compiled graphs took") == 1
+    assert err.count("compiled chains and log-derivatives: their first compiled graphs") == 1
     assert results.read_results(tmp_path / "out" / "tiny.h5").compiled_chains
 
 

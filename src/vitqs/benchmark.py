@@ -41,9 +41,10 @@ def time_steps(
     ``n_samples``, ``method_used``, ``device``, ``dtype``, ``chain_dtype`` and
     ``local_energy_dtype`` (the networks the chains and the local energies run on),
     ``threads``, ``n_iter``, ``n_warmup``, ``compiled_chains`` (whether the chains' network
-    went through ``torch.compile``), ``compile_seconds`` (its first compiled graphs, tracing
-    and compiling, inside the warm-up;
-    0 without), ``flops`` (`phase_flops`: counted operations of ``sampling``,
+    went through ``torch.compile``), ``compiled_log_derivatives`` (whether the Jacobian did:
+    a bare ViT of complex log ψ with compiled chains, `VMC._compiled_jacobian`),
+    ``compile_seconds`` (the first compiled graphs, tracing and compiling, inside the
+    warm-up; 0 without), ``flops`` (`phase_flops`: counted operations of ``sampling``,
     ``local_energy`` and ``jacobian+solve``, from one more step's calls), ``gflops`` (those
     over the phases' median seconds) and ``peak_gflops`` (`matmul_peak`: float64 and float32
     matrix-product GFLOP/s of this device and these threads), ``ops_per_step``,
@@ -108,7 +109,8 @@ def time_steps(
         "n_iter": n_iter,
         "n_warmup": n_warmup,
         "compiled_chains": sampler.compiled,
-        "compile_seconds": sampler.compile_seconds,
+        "compiled_log_derivatives": vmc.compiles_log_derivatives,
+        "compile_seconds": vmc.compile_seconds,
     }
 
 
@@ -155,7 +157,11 @@ def phase_flops(vmc: VMC) -> dict[str, int | None]:
         lambda: sampler.local_energy(vmc.step_hamiltonian, network, samples, vmc.chunk_size)
     )
     diag_shift = vmc.diag_shift(vmc.step_count, vmc.budget_progress())
-    _, update = counted(lambda: vmc._update(samples, e_loc, diag_shift, {}))
+    if vmc.compiles_log_derivatives:  # their graph is opaque to the counter too
+        vmc._update(samples, e_loc, diag_shift, {})
+        update = None
+    else:
+        _, update = counted(lambda: vmc._update(samples, e_loc, diag_shift, {}))
     return {"sampling": sampling, "local_energy": local, "jacobian+solve": update}
 
 
@@ -271,4 +277,5 @@ def _compile_line(result: dict) -> list[str]:
     if not result.get("compiled_chains"):
         return []
     seconds = result.get("compile_seconds", 0.0)
-    return [f"compile        {seconds:.3f} s (the chains' first compiled graphs, tracing included)"]
+    what = "chains' and log-derivatives'" if result.get("compiled_log_derivatives") else "chains'"
+    return [f"compile        {seconds:.3f} s (the {what} first compiled graphs, tracing included)"]

@@ -1235,7 +1235,8 @@ RETIRED_KEYS = {
 # Retired keys whose lever was adopted, or is chosen for the run: what vitqs does instead
 RETIRED_BECAUSE = {
     "sampler.compile": "the chains are compiled where it pays, without a key: in a run of a "
-    "budget of 600 s or more (build.compiled_chains)",
+    "budget of 600 s or more (build.compiled_chains), and a bare ViT of complex log ψ's "
+    "log-derivatives with them (VMC._compiled_jacobian)",
     "sampler.sum_over_orbits": "a full sum always sums over the orbits of the model's symmetries",
     "model.head_init_std": "the head's output weights always start at std 0.1 (models/vit.py)",
     "sampler.rule": "the move follows the model: a spin exchange along the Hamiltonian's bonds "

@@ -645,18 +645,20 @@ class _ProgressBar:
 
     def __call__(self, vmc: VMC, result) -> bool:
         if self.show and not self.compile_told:
-            self._tell_compile(vmc.sampler.compile_seconds, result.step)
+            self._tell_compile(vmc, result.step)
         self.bar.set_postfix_str(_progress_text(result, self.exact_energy), refresh=False)
         self.bar.update(1)
         return False
 
-    def _tell_compile(self, seconds: float, step: int) -> None:
-        """Writes, once, what the chains' first compiled pass cost (nothing before it)."""
+    def _tell_compile(self, vmc: VMC, step: int) -> None:
+        """Writes, once, what the first compiled graphs cost (nothing before them)."""
+        seconds = vmc.compile_seconds
         if seconds:
             self.compile_told = True
+            what = "chains and log-derivatives" if vmc.compiles_log_derivatives else "chains"
             self.write(
-                f"compiled chains: their first compiled graphs took {seconds:.1f} s "
-                f"(tracing and compiling; step {step}'s sampling includes it)"
+                f"compiled {what}: their first compiled graphs took {seconds:.1f} s "
+                f"(tracing and compiling; step {step} includes it)"
             )
 
     def write(self, line: str) -> None:

@@ -1,5 +1,7 @@
 """The ViT's forward pass under torch.compile (`sampler.compile`): the same function as the
-eager pass, to float64 rounding, and the same Metropolis chains."""
+eager pass, to float64 rounding, and the same Metropolis chains; its log-derivatives under
+torch.compile (`CompiledJacobian`): the eager routes' Jacobian to float64 rounding, in padded
+chunks, and taken by a run whose chains are compiled."""
 
 import copy
 
@@ -7,12 +9,14 @@ import pytest
 import torch
 
 from vitqs.models.chains import ChainNetwork
-from vitqs.models.compiled import compile_passes, compile_seconds
+from vitqs.models.compiled import CompiledJacobian, compile_passes, compile_seconds
 from vitqs.models.symmetrize import Symmetrized
 from vitqs.models.vit import ViT
 from vitqs.physics.lattice import Lattice
 from vitqs.physics.operators import Heisenberg
+from vitqs.vmc.driver import VMC
 from vitqs.vmc.sampler import MetropolisSampler
+from vitqs.vmc.sr import log_derivatives
 
 NETWORKS = {
     # a chain: factored attention on displacements, a Jastrow factor, a sign prior
@@ -123,3 +127,55 @@ def test_a_compiler_that_fails_leaves_the_eager_pass_and_says_why():
             log_psi = network(x)
         assert network.compiled is None
         torch.testing.assert_close(log_psi, network._log_psi(x.double()), rtol=0, atol=0)
+
+
+# ---- the log-derivatives ---------------------------------------------------------------------
+
+
+def test_a_compiler_that_fails_leaves_eager_log_derivatives_and_says_why():
+    from torch._inductor import config as inductor
+
+    network = _randomised(ViT((4,), 2, 2, 1, 1), 3)
+    x = 2.0 * torch.randint(0, 2, (7, 4), generator=torch.Generator().manual_seed(4)) - 1.0
+    compiled = CompiledJacobian(network)
+    with inductor.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}):
+        with pytest.warns(RuntimeWarning, match=r"compiled log-derivatives: torch.compile failed"):
+            jac = log_derivatives(network, x, compiled=compiled)
+    assert compiled.failed
+    torch.testing.assert_close(jac, log_derivatives(network, x), rtol=0, atol=0)
+
+
+def _vmc(model, compile_chains: bool) -> VMC:
+    lattice = Lattice((8,))
+    chains = ChainNetwork(compile=compile_chains)
+    sampler = MetropolisSampler(
+        Heisenberg(lattice), n_samples=16, n_chains=8, n_discard=1, seed=5, chains=chains
+    )
+    return VMC(Heisenberg(lattice), model, sampler, chunk_size=5)  # chunks 5, 5, 5, 1 padded
+
+
+def test_a_run_with_compiled_chains_compiles_a_bare_vits_log_derivatives_alone():
+    # complex log ψ, a Jastrow factor (a 0-d coupling) and a sign prior
+    sites = [i % 2 for i in range(8)]
+    vit = _randomised(ViT((8,), 2, 4, 1, 1, jastrow=True, sign_sites=sites), 6, 0.1)
+    compiled, eager = _vmc(vit, True), _vmc(vit, False)
+    samples = eager.sampler.sample(vit)
+    e_loc = eager.sampler.local_energy(eager.hamiltonian, vit, samples)
+    update, _ = compiled._update(samples, e_loc, 1e-3, {})
+    assert compiled.compiles_log_derivatives and compiled.compile_seconds > 0
+    assert not eager.compiles_log_derivatives and eager.compile_seconds == 0
+    torch.testing.assert_close(update, eager._update(samples, e_loc, 1e-3, {})[0])
+    x = samples.x.reshape(16, 8)
+    _randomised(vit, 7)  # an in-place update is seen by the compiled graph
+    jac = log_derivatives(vit, x, 5, compiled=compiled._jacobian)
+    torch.testing.assert_close(jac, log_derivatives(vit, x, 5), rtol=0, atol=1e-12)
+    # half the samples distinct or fewer (a Mott insulator's): the eager routes take the
+    # distinct ones, not the graph padded to every sample
+    assert compiled._compiled_jacobian(x[:8], 16) is None
+    assert compiled._compiled_jacobian(x[:9], 16) is compiled._jacobian
+    # a symmetry average is not a bare ViT; a positive ψ's derivatives take the rows route
+    symmetrized = _vmc(Symmetrized(vit, [list(range(8)), [*range(1, 8), 0]]), True)
+    assert symmetrized._compiled_jacobian(x, 16) is None
+    assert _vmc(ViT((8,), 2, 4, 1, 1, positive=True), True)._compiled_jacobian(x, 16) is None
+    with pytest.raises(ValueError, match="positive"):
+        CompiledJacobian(ViT((8,), 2, 4, 1, 1, positive=True))

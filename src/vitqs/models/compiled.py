@@ -24,6 +24,8 @@ import time
 import warnings
 
 import torch
+from torch import nn
+from torch.func import functional_call, jacrev, vmap
 
 from vitqs.errors import first_line
 from vitqs.models.vit import ViT
@@ -106,3 +108,84 @@ def compile_passes(network: torch.nn.Module) -> list[CompiledPass]:
             f"compiled chains compile a ViT's forward pass; {type(network).__name__} holds none"
         )
     return passes
+
+
+# ---- the log-derivatives ------------------------------------------------------------------
+
+
+class _LogPsiParts(nn.Module):
+    """A ViT as ``x -> (B, 2)``: Re and Im log ψ (real arithmetic only: inductor writes no
+    code for complex tensors)."""
+
+    def __init__(self, vit: ViT):
+        super().__init__()
+        self.vit = vit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        real, imag = self.vit.log_psi_parts(x.to(self.vit.head.weight_re.dtype))
+        return torch.stack([real, imag], dim=1)
+
+
+def _jacobian_rows(parts: _LogPsiParts, params, buffers, x: torch.Tensor) -> torch.Tensor:
+    """Returns ``∂(Re, Im log ψ)/∂θ`` ``(B, P, 2)``, columns in parameter order."""
+
+    def of_one(params, x_one):
+        return functional_call(parts, (params, buffers), (x_one.unsqueeze(0),))[0]
+
+    blocks = vmap(jacrev(of_one), in_dims=(None, 0))(params, x)  # name -> (B, parts, *shape)
+    columns = [block.reshape(*block.shape[:2], -1) for block in blocks.values()]
+    return torch.cat(columns, dim=2).transpose(1, 2)
+
+
+@functools.cache
+def _compiled_jacobian_rows():
+    """One compiled function for every ViT; its graphs are cached per architecture, dtype
+    and row count (the C++ wrapper, as the compiled chains')."""
+    return torch.compile(_jacobian_rows, dynamic=False, options={"cpp_wrapper": True})
+
+
+class CompiledJacobian:
+    """The log-derivatives ``O_k(x)`` of a bare ViT of complex log ψ through one compiled
+    graph of ``vmap(jacrev)``: per sample, as `vmc.sr.log_derivatives`' ``per_sample`` route,
+    equal to rounding, without the ~2,800 operator calls a call of the eager routes makes on
+    issue 51's small config. Against the eager ``rows`` route (medians, in one process):
+    64 samples of the small config 1.6-1.8 against 4.2-5.2 ms (one thread); 1,024 samples
+    of the 6x6 recipes' ViT 100-105 against 143-154 ms (two threads). Not for a positive
+    ψ: there the rows route makes one backward pass, not two, and took 56 ms against 96 ms
+    compiled on the Heisenberg 6x6's 1,024 samples.
+
+    A call's configurations are padded to ``rows`` (repeats of the first), so that every
+    call has one shape and the graph compiles once. ``seconds``: the wall time of the first
+    call (tracing and compiling); ``failed``: the compiler failed once, and the caller then
+    differentiates eager from then on.
+    """
+
+    def __init__(self, vit: ViT):
+        if vit.positive:
+            raise ValueError("a positive ViT's log-derivatives are real: the rows route's")
+        self.parts = _LogPsiParts(vit)
+        self.seconds: float | None = None
+        self.failed = False
+
+    def __call__(self, x: torch.Tensor, rows: int) -> torch.Tensor | None:
+        """Returns ``(B, P, 2)`` float64 (Re and Im) for ``x`` ``(B, N)``, ``B ≤ rows``, or
+        None if the compiler failed."""
+        vit = self.parts.vit
+        params = {f"vit.{n}": p.detach() for n, p in vit.named_parameters() if p.requires_grad}
+        buffers = {f"vit.{n}": b for n, b in vit.named_buffers()}
+        padded = torch.cat([x, x[:1].expand(rows - len(x), -1)]) if len(x) < rows else x
+        start = time.perf_counter()
+        try:
+            jac = _compiled_jacobian_rows()(self.parts, params, buffers, padded)
+        except Exception as err:  # the compiler's failure, whatever its kind: eager
+            self.failed = True
+            warnings.warn(
+                f"compiled log-derivatives: torch.compile failed ({first_line(err, 200)}); "
+                "they run eager",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return None
+        if self.seconds is None:
+            self.seconds = time.perf_counter() - start
+        return jac[: len(x)]

@@ -27,7 +27,9 @@ import torch
 
 from vitqs.config import OptimizerConfig, SamplerConfig, steps_of
 from vitqs.distributed import agree_all, agree_max, broadcast_from_root, reduce_sum
+from vitqs.models.compiled import CompiledJacobian
 from vitqs.models.precision import NetworkCopy
+from vitqs.models.vit import ViT
 from vitqs.vmc.estimators import Stats, distinct_rows, importance_weights, sample_statistics
 from vitqs.vmc.optimizers import Schedule
 from vitqs.vmc.samples import Samples
@@ -143,6 +145,7 @@ class VMC:
         self._local_energy_network = NetworkCopy(
             local_energy_dtype, key="sampler.local_energy_dtype"
         )
+        self._jacobian: CompiledJacobian | None = None  # made at the first compiled step
         self.max_seconds = max_seconds
         self.n_steps = steps_of(self.optimizer.n_iter, budgeted=max_seconds is not None)
         # a schedule is the value: asked for the step's lr and diagonal shift
@@ -190,6 +193,18 @@ class VMC:
             if any(stop) or self.budget_spent():
                 return
             self._advance()
+
+    @property
+    def compiles_log_derivatives(self) -> bool:
+        """Whether the steps' log-derivatives went through a compiled graph."""
+        return self._jacobian is not None and not self._jacobian.failed
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds the first compiled graphs took (tracing and compiling): the chains' and
+        the log-derivatives'; 0 without them or before the first call."""
+        jacobian = 0.0 if self._jacobian is None else self._jacobian.seconds or 0.0
+        return self.sampler.compile_seconds + jacobian
 
     def budget_spent(self) -> bool:
         """Returns whether the wall-clock budget `max_seconds` is spent."""
@@ -295,6 +310,7 @@ class VMC:
         """Returns the direction ``g`` (apply ``θ ← θ − η g``), float64 ``(P,)``, and the
         solve that gave it."""
         x, weights = samples.x.reshape(-1, samples.x.shape[-1]), samples.weights
+        n_rows = x.shape[0]
         e_loc = e_loc.reshape(-1)
         if weights is None:
             importance = samples.log_importance
@@ -304,7 +320,9 @@ class VMC:
         else:
             weights = weights.reshape(-1)
         start = time.perf_counter()
-        jac = log_derivatives(self.model, x, self.chunk_size)  # (N_s, P)
+        compiled = self._compiled_jacobian(x, n_rows)
+        chunk_size = self.chunk_size or (n_rows if compiled else None)  # one graph: one shape
+        jac = log_derivatives(self.model, x, chunk_size, compiled=compiled)  # (N_s, P)
         timings["jacobian"] = _lap(start)
         start = time.perf_counter()
         method = chosen_solve("auto", jac)
@@ -321,6 +339,21 @@ class VMC:
         # every rank solved the same system; rank 0's answer keeps the parameters equal
         # on all ranks even where rounding differs between them
         return broadcast_from_root(update), method
+
+    def _compiled_jacobian(self, x: torch.Tensor, n_rows: int) -> CompiledJacobian | None:
+        """Returns the compiled log-derivatives of a run whose chains are compiled (a run
+        long enough to pay a compile back, `build.compiled_chains`), of a bare ViT of
+        complex log ψ on the CPU (`CompiledJacobian` says where it pays); None otherwise,
+        or where fewer than half the samples are distinct (a Mott insulator's): the eager
+        routes then differentiate the distinct ones alone, where the graph would take them
+        padded to every sample."""
+        model = self.model
+        bare_complex = type(model) is ViT and not model.positive
+        if not (self.sampler.compiled and bare_complex and x.device.type == "cpu"):
+            return None
+        if self._jacobian is None:
+            self._jacobian = CompiledJacobian(self.model)
+        return self._jacobian if 2 * x.shape[0] > n_rows else None
 
     def _undo_last_update(self):
         if self._last_good is None:

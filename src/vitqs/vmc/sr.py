@@ -51,7 +51,7 @@ JACOBIAN_ROUTES = ("auto", "rows", "per_sample")
 
 
 def log_derivatives(
-    model, x: torch.Tensor, chunk_size: int | None = None, route: str = "auto"
+    model, x: torch.Tensor, chunk_size: int | None = None, route: str = "auto", compiled=None
 ) -> torch.Tensor:
     """Returns ``O_k(x) = ∂ log ψ(x)/∂θ_k`` as complex128 ``(N_s, P)``, or float64 for a
     model with ``positive`` set (real ``log ψ``: its imaginary part is zero, not computed).
@@ -71,9 +71,17 @@ def log_derivatives(
         x: configurations ``(N_s, N)``.
         chunk_size: samples per call; None for all at once.
         route: "auto", "rows" (an error for a model it does not cover) or "per_sample".
+        compiled: a `models.compiled.CompiledJacobian` of ``model`` (a bare ViT of complex
+            log ψ): each chunk
+            goes through its graph, padded to ``chunk_size`` rows (one shape for every call);
+            where its compiler failed, the route above. None: the route above.
     """
     if route not in JACOBIAN_ROUTES:
         raise ValueError(f"route={route!r} is not one of {list(JACOBIAN_ROUTES)}")
+    if compiled is not None and not compiled.failed:
+        jac = _compiled_log_derivatives(compiled, x, chunk_size or x.shape[0])
+        if jac is not None:
+            return jac
     by_rows = route != "per_sample" and row_gradients.covers(model)
     if route == "rows" and not by_rows:
         raise ValueError(f"the rows route does not cover {type(model).__name__}")
@@ -108,6 +116,18 @@ def log_derivatives(
             rows.copy_(block)
             column += block.shape[1]
     return out
+
+
+def _compiled_log_derivatives(compiled, x: torch.Tensor, step: int) -> torch.Tensor | None:
+    """Returns `log_derivatives` through ``compiled`` in chunks of ``step`` rows (the last
+    one padded), or None if its compiler failed."""
+    blocks = []
+    for start in range(0, x.shape[0], step):
+        block = compiled(x[start : start + step], step)  # (B, P, 2)
+        if block is None:
+            return None
+        blocks.append(block)
+    return torch.view_as_complex(torch.cat(blocks).contiguous())
 
 
 # ------------------------------------------------------------------ SR solves
