@@ -15,6 +15,9 @@ imaginary parts (`ViT.log_psi_parts`) and the complex number is formed outside i
 dimension is dynamic (the chains evaluate only their valid proposals, a different number at
 each Metropolis step), every other shape static. Parameters are inputs of the compiled graph,
 so in-place updates (an optimizer step, a `NetworkCopy` refresh) are seen at the next call.
+
+`CompiledJacobian` below is the other compiled function here: a bare ViT's log-derivatives,
+which a run whose chains are compiled takes for a complex log ψ (`vmc.driver.VMC`).
 """
 
 from __future__ import annotations

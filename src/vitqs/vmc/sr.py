@@ -72,9 +72,9 @@ def log_derivatives(
         chunk_size: samples per call; None for all at once.
         route: "auto", "rows" (an error for a model it does not cover) or "per_sample".
         compiled: a `models.compiled.CompiledJacobian` of ``model`` (a bare ViT of complex
-            log ψ): each chunk
-            goes through its graph, padded to ``chunk_size`` rows (one shape for every call);
-            where its compiler failed, the route above. None: the route above.
+            log ψ): each chunk goes through its graph, padded to ``chunk_size`` rows (one
+            shape for every call); where its compiler failed, the route above. None: the
+            route above.
     """
     if route not in JACOBIAN_ROUTES:
         raise ValueError(f"route={route!r} is not one of {list(JACOBIAN_ROUTES)}")
